@@ -1,0 +1,56 @@
+# rigkit: one command per job. Every target runs inside the pinned virtualenv made by `setup`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+host ?= sandbox
+# Vault password for secrets (API keys, HF token): a file .vault_pass, never committed.
+VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: help setup provision check test lint harness hosts clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: $(VENV)/.installed ## create the pinned virtualenv (idempotent)
+
+$(VENV)/.installed: requirements.txt
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if v == (3, 11) else "rigkit needs Python 3.11 (found %d.%d): set PYTHON=python3.11" % v)'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+hosts: setup ## list the rigs of the inventory
+	@$(BIN)/python bin/rigkit hosts
+
+provision: setup ## converge one rig: make provision host=NAME (default: the sandbox)
+	@$(BIN)/python bin/rigkit check-host '$(host)'
+	$(BIN)/ansible-playbook playbooks/provision.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
+
+check: setup ## dry run with diff: make check host=NAME
+	@$(BIN)/python bin/rigkit check-host '$(host)'
+	$(BIN)/ansible-playbook playbooks/provision.yml --limit '$(host)' --check --diff $(VAULT_ARGS) $(ARGS)
+
+harness: setup ## start the Docker engine and build the base and rig images on this machine
+	$(BIN)/ansible-playbook playbooks/harness.yml
+
+test: setup ## run every test (unit, then the container integration tests)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: setup ## ansible-lint (production), yamllint, ruff, playbook syntax check
+	$(BIN)/ansible-lint
+	$(BIN)/yamllint --strict .
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/ansible-playbook --syntax-check playbooks/*.yml
+
+clean: ## remove the virtualenv and caches (rigs are untouched)
+	rm -rf $(VENV) .pytest_cache .ruff_cache

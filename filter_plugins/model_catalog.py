@@ -1,0 +1,47 @@
+"""Jinja filters over the model catalog (logic in module_utils/model_catalog.py)."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import ansible.module_utils
+from ansible.errors import AnsibleFilterError
+
+_MODULE_UTILS = str(pathlib.Path(__file__).resolve().parent.parent / "module_utils")
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.model_catalog import (  # noqa: E402
+    CatalogError,
+    catalog_entry,
+    catalog_problems,
+    deployable_entry,
+)
+
+
+def _catalog_entry(name: str, catalog: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return catalog_entry(catalog, name)
+    except CatalogError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def _deployable_entry(name: str, catalog: dict[str, Any], role: str | None = None) -> dict[str, Any]:
+    try:
+        return deployable_entry(catalog, name, role)
+    except CatalogError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def _catalog_problems(catalog: Any) -> list[str]:
+    return catalog_problems(catalog)
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "catalog_entry": _catalog_entry,
+            "deployable_entry": _deployable_entry,
+            "catalog_problems": _catalog_problems,
+        }

@@ -1,0 +1,101 @@
+"""Merge settings into Docker's daemon.json without clobbering keys owned by others.
+
+Several roles write /etc/docker/daemon.json (the docker role: logging, networking; the NVIDIA
+container toolkit role: runtimes). Each one merges only the keys it owns, so the file is
+rewritten only when a merged value really differs from what is on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+
+class DaemonConfigError(Exception):
+    """daemon.json cannot be read or written safely."""
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    before: dict[str, Any]
+    after: dict[str, Any]
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """Return base with overlay merged in: nested dicts merge key by key, anything else replaces."""
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """Read daemon.json; a missing or empty file is an empty config, a broken one is an error."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise DaemonConfigError(f"cannot read {path}: {exc}") from exc
+    if not text.strip():
+        return {}
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DaemonConfigError(
+            f"{path} is not valid JSON ({exc}); Docker would not start with it either. "
+            "Fix or remove the file by hand, then run again."
+        ) from exc
+    if not isinstance(config, dict):
+        raise DaemonConfigError(f"{path} must hold a JSON object, found {type(config).__name__}")
+    return config
+
+
+def plan_merge(path: str, settings: dict[str, Any], remove: list[str] | None = None) -> MergeResult:
+    """Compute the config that merging `settings` (and dropping `remove`) into `path` gives."""
+    before = read_config(path)
+    after = deep_merge(before, settings)
+    for key in remove or []:
+        after.pop(key, None)
+    return MergeResult(before=before, after=after)
+
+
+def render(config: dict[str, Any]) -> str:
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def write_config(path: str, config: dict[str, Any], mode: int = 0o644) -> None:
+    """Write atomically: a crash mid-write never leaves Docker a half-written daemon.json."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, tmp_path = tempfile.mkstemp(prefix=".daemon.json.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(render(config))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_path, mode)
+        os.replace(tmp_path, path)
+    except BaseException:
+        if os.path.exists(tmp_path):
+            os.unlink(tmp_path)
+        raise
+
+
+def merge_into_file(path: str, settings: dict[str, Any], remove: list[str] | None = None) -> MergeResult:
+    """Merge and write when the result differs; return what was there and what is there now."""
+    result = plan_merge(path, settings, remove)
+    if result.changed:
+        write_config(path, result.after)
+    return result

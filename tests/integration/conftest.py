@@ -1,0 +1,23 @@
+"""Integration tests converge real roles in real containers: they need the harness first."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import recap, run
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/integration/" in str(item.path):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def harness() -> dict[str, int]:
+    """Docker engine + base and rig images, as `make harness` leaves them; returns the second run's recap."""
+    first = run(["ansible-playbook", "playbooks/harness.yml"], log_name="harness-first")
+    assert first.returncode == 0, first.tail()
+    second = run(["ansible-playbook", "playbooks/harness.yml"], log_name="harness-second")
+    assert second.returncode == 0, second.tail()
+    return recap(second.output)["localhost"]

@@ -1,0 +1,83 @@
+"""The inventory resolves for every rig, and the Makefile refuses unknown rigs at once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.support import REPO, recap, run
+
+SEED_RIGS = {
+    # host: (compute capability, VRAM MiB, draft length) from the seed article
+    "desktop3050": ("8.6", 8192, 2),
+    "laptop1650ti": ("7.5", 4096, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def inventory() -> dict:
+    result = run(["ansible-inventory", "--list"])
+    assert result.returncode == 0, result.tail()
+    return json.loads(result.output[result.output.index("{") :])
+
+
+def test_groups(inventory):
+    assert set(inventory["gpu_rigs"]["hosts"]) == {"desktop3050", "laptop1650ti"}
+    assert inventory["sandbox_rigs"]["hosts"] == ["sandbox"]
+
+
+@pytest.mark.parametrize("host", sorted(SEED_RIGS))
+def test_gpu_rigs_match_the_seed(inventory, host):
+    hostvars = inventory["_meta"]["hostvars"][host]
+    capability, vram, draft = SEED_RIGS[host]
+    assert hostvars["rig_gpu"]["compute_capability"] == capability
+    assert hostvars["rig_gpu"]["vram_mib"] == vram
+    assert hostvars["llama_server_spec_draft_n_max"] == draft
+    assert hostvars["llama_server_ctx_size"] == 8192
+    assert hostvars["llama_server_spec_type"] == "draft-mtp"
+    assert hostvars["models_target"] == "gemma-4-E2B-it-qat-q4_0-exact"
+    assert hostvars["models_drafter"] == "gemma-4-E2B-it-qat-assistant-q4_0-exact"
+    assert hostvars["ansible_connection"] == "ansible.builtin.ssh"
+
+
+def test_every_rig_names_catalog_models(inventory):
+    catalog = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
+    for host in inventory["rigs"]["children"]:
+        for rig in inventory[host]["hosts"]:
+            hostvars = inventory["_meta"]["hostvars"][rig]
+            assert hostvars["models_target"] in catalog, rig
+            assert hostvars["models_drafter"] in catalog, rig
+
+
+def test_no_plain_text_secrets_in_inventory():
+    for path in (REPO / "inventory").rglob("*.yml"):
+        text = path.read_text()
+        for word in ("password:", "api_key:", "token:"):
+            for line in text.splitlines():
+                if word in line and not line.lstrip().startswith("#"):
+                    assert "!vault" in line or "{{" in line, f"{path}: {line}"
+
+
+def test_unknown_host_fails_at_once_listing_known_ones():
+    result = run(["make", "--no-print-directory", "provision", "host=nope"])
+    assert result.returncode != 0
+    assert "unknown host nope" in result.output
+    for rig in ("desktop3050", "laptop1650ti", "sandbox"):
+        assert rig in result.output
+    assert "PLAY" not in result.output  # refused before Ansible started
+
+
+@pytest.mark.parametrize("host", sorted(SEED_RIGS))
+def test_check_mode_resolves_every_variable_of_a_gpu_rig(host):
+    """`make check` on a real rig: validation must pass; only the connection may fail (no rig here)."""
+    result = run(
+        ["make", "--no-print-directory", "check", f"host={host}", "ARGS=-e ansible_host=127.0.0.1 -e ansible_port=1"],
+        log_name=f"check-{host}",
+    )
+    counters = recap(result.output)[host]
+    assert counters["failed"] == 0, result.tail()
+    assert counters["unreachable"] == 1, result.tail()
+    assert "Resolve the rig's models in the catalog" in result.output
+    assert "ssh: connect to host 127.0.0.1 port 1" in result.output
