@@ -23,8 +23,8 @@ author: rigkit
 options:
   entry:
     description:
-      - A C(model_catalog) entry (C(repo), C(revision), C(filename), C(sha256), C(size), C(architecture)); other
-        keys are ignored. Mutually exclusive with the individual fields.
+      - A C(model_catalog) entry (C(repo), C(revision), C(filename), C(sha256), C(size), C(architecture), C(role));
+        other keys are ignored. The catalog's own rules apply (module_utils/model_catalog.py). Mutually exclusive with the individual fields.
     type: dict
   name:
     description: The catalog entry's name, used in messages.
@@ -47,6 +47,10 @@ options:
   architecture:
     description: Expected C(general.architecture) of the GGUF; not checked when omitted.
     type: str
+  role:
+    description: C(target) or C(drafter).
+    type: str
+    choices: [target, drafter]
   dest:
     description: Absolute path of the file to create. Its directory must exist.
     type: path
@@ -195,7 +199,7 @@ from ansible.module_utils.model_fetch import (
     fetch_model,
 )
 
-ENTRY_FIELDS = ("repo", "revision", "filename", "sha256", "size", "architecture")
+ENTRY_FIELDS = ("repo", "revision", "filename", "sha256", "size", "architecture", "role")
 
 
 def argument_spec() -> dict:
@@ -208,6 +212,7 @@ def argument_spec() -> dict:
         "sha256": {"type": "str"},
         "size": {"type": "int"},
         "architecture": {"type": "str"},
+        "role": {"type": "str", "choices": ["target", "drafter"]},
         "dest": {"type": "path", "required": True},
         "base_url": {"type": "str", "default": DEFAULT_BASE_URL},
         "token": {"type": "str", "no_log": True, "fallback": (env_fallback, ["HF_TOKEN"])},

@@ -15,6 +15,7 @@ PIN_FIELDS = ("repo", "revision", "sha256", "size")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
 CATALOG_PATH = "inventory/group_vars/all/model_catalog.yml"
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -27,12 +28,17 @@ def entry_problems(name: str, entry: Any) -> list[str]:
     if not isinstance(entry, dict):
         return [f"{name}: must be a mapping of fields, found {type(entry).__name__}"]
     problems = [f"{name}: missing field '{field}'" for field in REQUIRED_FIELDS if field not in entry]
-    if not NAME_RE.match(name):
-        problems.append(f"{name}: entry names use letters, digits, '.', '_' and '-' only")
     if entry.get("role") not in ROLES:
         problems.append(f"{name}: role must be one of {', '.join(ROLES)}, found {entry.get('role')!r}")
-    if not entry.get("filename") or not str(entry.get("filename")).endswith(".gguf"):
+    filename = str(entry.get("filename") or "")
+    if not filename.endswith(".gguf"):
         problems.append(f"{name}: filename must name a .gguf file")
+    parts = filename.split("/")
+    if filename.startswith("/") or "\\" in filename or any(part in ("", ".", "..") for part in parts):
+        problems.append(f"{name}: filename {filename!r} must be a plain relative path inside the repository")
+    repo = entry.get("repo")
+    if repo is not None and not REPO_RE.match(str(repo)):
+        problems.append(f"{name}: repo must be of the form owner/name, found {repo!r}")
     if not entry.get("architecture"):
         problems.append(f"{name}: architecture (the GGUF's general.architecture) must be set")
     sha = entry.get("sha256")
@@ -52,6 +58,8 @@ def catalog_problems(catalog: Any) -> list[str]:
         return ["model_catalog must be a non-empty mapping of entry names to entries"]
     problems: list[str] = []
     for name, entry in catalog.items():
+        if not NAME_RE.match(str(name)):
+            problems.append(f"{name}: entry names use letters, digits, '.', '_' and '-' only")
         problems.extend(entry_problems(str(name), entry))
         pairs_with = entry.get("pairs_with") if isinstance(entry, dict) else None
         if pairs_with is not None and pairs_with not in catalog:
@@ -74,17 +82,30 @@ def unpinned_fields(entry: dict[str, Any]) -> list[str]:
     return [field for field in PIN_FIELDS if entry.get(field) in (None, "")]
 
 
+def pin_command(name: str) -> str:
+    return f"make pin model={name} revision=COMMIT"
+
+
+def check_deployable(name: str, entry: Any) -> dict[str, Any]:
+    """One entry that may be deployed: well formed and fully pinned, else CatalogError saying how to fix it."""
+    problems = entry_problems(name, entry)
+    if problems:
+        raise CatalogError(f"catalog entry {'; '.join(problems)} ({CATALOG_PATH})")
+    missing = unpinned_fields(entry)
+    if missing:
+        repo = entry.get("repo")
+        first = f"set its repo in {CATALOG_PATH}, then run" if "repo" in missing else "run"
+        raise CatalogError(
+            f"model '{name}' is not pinned ({', '.join(missing)} missing); the kit never deploys an unverified file. "
+            f"To pin it, {first} `{pin_command(name)}` (COMMIT: a full 40-character commit of "
+            f"{repo or 'its repository'}); that records the file's sha256 and size from Hugging Face."
+        )
+    return dict(entry, name=name)
+
+
 def deployable_entry(catalog: dict[str, Any], name: str, role: str | None = None) -> dict[str, Any]:
     """An entry that may be deployed: known, well formed, of the expected role and fully pinned."""
     entry = catalog_entry(catalog, name)
     if role is not None and entry["role"] != role:
         raise CatalogError(f"model '{name}' is a {entry['role']} in the catalog, but is used here as the {role}")
-    missing = unpinned_fields(entry)
-    if missing:
-        pin = f"`make pin model={name} revision=<40-char commit of {entry.get('repo') or 'its repository'}>`"
-        how = f"set its repo in {CATALOG_PATH}, then run {pin}" if "repo" in missing else f"run {pin}"
-        raise CatalogError(
-            f"model '{name}' is not pinned ({', '.join(missing)} missing); the kit never deploys an unverified file. "
-            f"To pin it, {how}"
-        )
-    return entry
+    return check_deployable(name, catalog[name])

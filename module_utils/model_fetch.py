@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
 from ansible.module_utils.gguf_metadata import GgufError, read_gguf_metadata
+from ansible.module_utils.model_catalog import CatalogError, check_deployable
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -73,9 +74,6 @@ MAX_REDIRECTS = 10
 PROGRESS_BYTES = 1024 * 1024
 USER_AGENT = "rigkit-gguf-fetch/1"
 
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _REDIRECTS = {301, 302, 303, 307, 308}
 
@@ -165,53 +163,19 @@ class CatalogEntry:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], name: str | None = None) -> CatalogEntry:
-        """Validate a model_catalog entry (a dict with repo, revision, filename, sha256, size, architecture)."""
+        """A deployable model_catalog entry (the catalog's own rules: well formed and fully pinned)."""
         label = name or data.get("name") or data.get("filename") or "<unnamed entry>"
-        pin = f"make pin model={label} revision=COMMIT"
-        if not data.get("repo"):
-            raise EntryError(
-                f"catalog entry {label} has no repo: set the Hugging Face repository in model_catalog, "
-                f"then pin it with `{pin}`"
-            )
-        if not data.get("filename"):
-            raise EntryError(f"catalog entry {label} has no filename: set the file's path inside {data['repo']}")
-        missing = [key for key in ("revision", "sha256", "size") if data.get(key) in (None, "")]
-        if missing:
-            raise EntryError(
-                f"catalog entry {label} is not pinned ({', '.join(missing)} missing): refusing to download an "
-                f"unverifiable file. Pin it with `{pin}` (COMMIT = a full 40-character commit of {data['repo']}); "
-                "that records the file's sha256 and size from Hugging Face."
-            )
-        repo = str(data["repo"])
-        revision = str(data["revision"]).strip().lower()
-        filename = str(data["filename"])
-        sha256 = str(data["sha256"]).strip().lower()
-        if not _REPO_RE.match(repo):
-            raise EntryError(f"catalog entry {label}: repo {repo!r} is not of the form owner/name")
-        if not _COMMIT_RE.match(revision):
-            raise EntryError(
-                f"catalog entry {label}: revision {data['revision']!r} is not a commit. Branches and tags move; "
-                f"pin a full 40-character commit with `{pin}`"
-            )
-        if not _SHA256_RE.match(sha256):
-            raise EntryError(f"catalog entry {label}: sha256 {data['sha256']!r} is not 64 hex digits; re-run `{pin}`")
-        size = data["size"]
-        if isinstance(size, bool) or not (isinstance(size, int) or (isinstance(size, str) and size.isdigit())):
-            raise EntryError(f"catalog entry {label}: size {size!r} is not a byte count; re-run `{pin}`")
-        size = int(size)
-        if size <= 0:
-            raise EntryError(f"catalog entry {label}: size must be positive, got {size}; re-run `{pin}`")
-        parts = filename.split("/")
-        if filename.startswith("/") or "\\" in filename or any(p in ("", ".", "..") for p in parts):
-            raise EntryError(f"catalog entry {label}: filename {filename!r} must be a plain relative path")
-        architecture = data.get("architecture")
+        try:
+            entry = check_deployable(str(label), dict(data))
+        except CatalogError as exc:
+            raise EntryError(str(exc)) from exc
         return cls(
-            repo=repo,
-            revision=revision,
-            filename=filename,
-            sha256=sha256,
-            size=size,
-            architecture=str(architecture) if architecture else None,
+            repo=str(entry["repo"]),
+            revision=str(entry["revision"]),
+            filename=str(entry["filename"]),
+            sha256=str(entry["sha256"]),
+            size=int(entry["size"]),
+            architecture=str(entry["architecture"]),
             name=str(name or data.get("name") or "") or None,
         )
 

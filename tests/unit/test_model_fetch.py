@@ -523,13 +523,13 @@ def test_unpinned_catalog_entries_refused(hub: HfStandin, models: Path, name: st
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        ({"revision": "main"}, "is not a commit"),
+        ({"revision": "main"}, "full 40-character commit"),
         ({"revision": None}, r"not pinned \(revision missing\)"),
         ({"sha256": None, "size": None}, r"not pinned \(sha256, size missing\)"),
-        ({"sha256": "abc"}, "not 64 hex digits"),
-        ({"size": 0}, "size must be positive"),
+        ({"sha256": "abc"}, "64 lowercase hex digits"),
+        ({"size": 0}, "size must be a positive number of bytes"),
         ({"filename": "../../etc/passwd"}, "plain relative path"),
-        ({"repo": None}, "has no repo"),
+        ({"repo": None}, "set its repo"),
     ],
 )
 def test_malformed_entries_refused(hub: HfStandin, tiny: Served, models: Path, override: dict, match: str) -> None:
@@ -784,7 +784,7 @@ def test_ansible_module_failure_keeps_previous_file(hub: HfStandin, tiny: Served
     previous = seed_previous(dest)
     wrong = "f" * 64
     args = {
-        **{k: v for k, v in tiny.entry(sha256=wrong).items() if k != "role"},
+        **tiny.entry(sha256=wrong),
         "dest": str(dest),
         "base_url": hub.base_url,
         "allow_insecure_http": True,
