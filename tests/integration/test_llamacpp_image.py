@@ -1,0 +1,215 @@
+"""llama-server at the pinned commit, in a content-addressed image, built once and shipped to the rig."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, run
+
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST_SUBDIR = "llama_cpp_python-0.3.36/vendor/llama.cpp"
+
+
+def render(*hosts: str, extra: dict | None = None) -> dict[str, dict]:
+    """What the role would build for each host (tag, build args), from a playbook that touches no host."""
+    argv = ["ansible-playbook", "tests/integration/playbooks/image_inputs.yml", "--limit", ",".join(hosts)]
+    argv += ["-e", json.dumps({"container_harness_base_image": "rigkit/debian:bookworm-test", **(extra or {})})]
+    result = run(argv, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    assert result.returncode == 0, result.tail()
+    plays = json.loads(result.output[result.output.index("{") :])["plays"]
+    shown = plays[0]["tasks"][-1]["hosts"]
+    return {host: shown[host]["msg"] for host in hosts}
+
+
+@pytest.fixture(scope="module")
+def rig_image(sandbox_provisioned) -> str:
+    tags = run(
+        [
+            "docker",
+            "exec",
+            "rigkit-sandbox",
+            "docker",
+            "images",
+            "rigkit/llama-server",
+            "--format",
+            "{{.Repository}}:{{.Tag}}",
+        ]
+    )
+    assert tags.returncode == 0, tags.output
+    expected = render("sandbox")["sandbox"]["tag"]
+    assert expected in tags.output.split()
+    return expected
+
+
+def inspect(image: str, *engine: str) -> dict:
+    result = run([*engine, "docker", "image", "inspect", image])
+    assert result.returncode == 0, result.output
+    return json.loads(result.output)[0]
+
+
+def test_version_reports_the_pinned_commit(rig_image):
+    result = run(["docker", "run", "--rm", "--network", "host", rig_image, "--version"])
+    assert result.returncode == 0, result.output
+    assert "build 11312, commit 0c1e570" in result.output
+
+
+def test_help_lists_draft_mtp(rig_image):
+    result = run(["docker", "run", "--rm", "--network", "host", rig_image, "--help"])
+    spec_line = next(line for line in result.output.splitlines() if "--spec-type" in line)
+    assert "draft-mtp" in spec_line and "draft-simple" in spec_line
+
+
+def test_runs_as_non_root(rig_image):
+    result = run(["docker", "run", "--rm", "--network", "host", "--entrypoint", "id", rig_image])
+    assert result.output.startswith("uid=10001(llama) gid=10001(llama)")
+
+
+def test_labels_record_every_input(rig_image):
+    labels = inspect(rig_image)["Config"]["Labels"]
+    assert labels["io.rigkit.llamacpp.commit"] == COMMIT
+    assert labels["io.rigkit.llamacpp.build-number"] == "11312"
+    assert labels["io.rigkit.llamacpp.source-sha256"] == SDIST_SHA256
+    assert labels["io.rigkit.ggml-cuda"] == "OFF"
+    assert labels["io.rigkit.build-base-image"].startswith("rigkit/debian:bookworm-")
+    assert labels["io.rigkit.runtime-base-image"] == labels["io.rigkit.build-base-image"]
+
+
+def test_shipped_image_has_the_same_id_in_the_rig(rig_image):
+    built = inspect(rig_image)["Id"]
+    arrived = inspect(rig_image, "docker", "exec", "rigkit-sandbox")["Id"]
+    assert built == arrived
+
+
+def test_tag_follows_build_inputs_only():
+    base = render("sandbox")["sandbox"]["tag"]
+    same = {
+        "llama_server_spec_draft_n_max": 7,  # a server flag
+        "llamacpp_image_build_jobs": 1,  # build parallelism
+    }
+    for key, value in same.items():
+        assert render("sandbox", extra={key: value})["sandbox"]["tag"] == base, key
+    different = {
+        "llamacpp_image_commit": "77c4540ce" + "0" * 31,
+        "llamacpp_image_runtime_base": "rigkit/debian:bookworm-other",
+        "llamacpp_image_extra_cmake_args": "-DGGML_AVX512=ON",
+        "llamacpp_image_source_sha256": "0" * 64,
+    }
+    tags = {render("sandbox", extra={key: value})["sandbox"]["tag"] for key, value in different.items()}
+    assert base not in tags and len(tags) == len(different)
+
+
+def test_production_build_for_each_gpu_rig():
+    shown = render("desktop3050", "laptop1650ti")
+    for host, arch in (("desktop3050", "86"), ("laptop1650ti", "75")):
+        args = shown[host]["build_args"]
+        assert args["GGML_CUDA"] == "ON" and args["CUDA_ARCHITECTURES"] == arch
+        assert args["LLAMACPP_COMMIT"] == COMMIT and args["LLAMACPP_BUILD_NUMBER"] == "11312"
+        assert args["BUILD_BASE_IMAGE"].startswith("nvidia/cuda:12.2.2-devel-ubuntu22.04@sha256:")
+        assert args["RUNTIME_BASE_IMAGE"].startswith("nvidia/cuda:12.2.2-runtime-ubuntu22.04@sha256:")
+        assert args["LLAMACPP_SOURCE_SUBDIR"] == f"llama.cpp-{COMMIT}"
+        assert shown[host]["source"] == "git" and shown[host]["git_url"] == "https://github.com/ggml-org/llama.cpp.git"
+        assert shown[host]["build_host"] == host
+        assert f"-cuda-sm{arch}-" in shown[host]["tag"]
+    assert shown["desktop3050"]["tag"] != shown["laptop1650ti"]["tag"]
+    # One image for both GPUs is one variable away.
+    both = render("desktop3050", extra={"llamacpp_image_cuda_architectures": "75-real;86-real"})["desktop3050"]
+    assert "-cuda-sm75-86-" in both["tag"] and both["build_args"]["CUDA_ARCHITECTURES"] == "75-real;86-real"
+
+
+def test_unsupported_architecture_string_is_refused():
+    result = run(
+        [
+            "ansible-playbook",
+            "tests/integration/playbooks/image_inputs.yml",
+            "--limit",
+            "desktop3050",
+            "-e",
+            "llamacpp_image_cuda_architectures=native",
+        ]
+    )
+    assert result.returncode != 0
+    assert "llamacpp_image_cuda_architectures" in result.output
+
+
+def tampered_sdist(tmp_path: Path) -> Path:
+    """The pinned sdist with one byte of its llama.cpp tree changed (a valid tar.gz, a different hash)."""
+    original = Path("/var/cache/rigkit/llamacpp") / "llama_cpp_python-0.3.36.tar.gz"
+    data = bytearray(gzip.decompress(original.read_bytes()))
+    marker = data.find(b"draft-mtp")
+    data[marker] ^= 0x20
+    out = tmp_path / "llamacpp-src.tar.gz"
+    out.write_bytes(gzip.compress(bytes(data), compresslevel=1, mtime=0))
+    with tarfile.open(out) as archive:  # still a readable tarball
+        assert archive.getmember(SDIST_SUBDIR + "/CMakeLists.txt")
+    return out
+
+
+def test_dockerfile_refuses_a_tampered_source(rig_image, tmp_path):
+    context = tmp_path / "context"
+    context.mkdir()
+    shutil.copy(REPO / "docker" / "Dockerfile", context / "Dockerfile")
+    shutil.move(tampered_sdist(tmp_path), context / "llamacpp-src.tar.gz")
+    base = inspect(rig_image)["Config"]["Labels"]["io.rigkit.build-base-image"]
+    args = {
+        "BUILD_BASE_IMAGE": base,
+        "RUNTIME_BASE_IMAGE": base,
+        "LLAMACPP_COMMIT": COMMIT,
+        "LLAMACPP_BUILD_NUMBER": "11312",
+        "LLAMACPP_SOURCE_SHA256": SDIST_SHA256,
+        "LLAMACPP_SOURCE_SUBDIR": SDIST_SUBDIR,
+    }
+    argv = ["docker", "build", "--network", "host", "--force-rm", "-t", "rigkit/tampered:test"]
+    for key, value in args.items():
+        argv += ["--build-arg", f"{key}={value}"]
+    result = run([*argv, str(context)], timeout=300)
+    assert result.returncode != 0
+    assert "checksum mismatch" in result.output
+    assert f"expected sha256: {SDIST_SHA256}" in result.output
+    assert "refusing to build from an unverified source tree" in result.output
+    assert run(["docker", "image", "inspect", "rigkit/tampered:test"]).returncode != 0
+
+
+def test_role_refuses_a_tampered_download(rig_image, tmp_path):
+    """The role's own download check: a source URL serving other bytes fails before any build."""
+    served = tmp_path / "www"
+    served.mkdir()
+    shutil.move(tampered_sdist(tmp_path), served / "llama_cpp_python-0.3.36.tar.gz")
+    server = subprocess.Popen(
+        ["python3", "-m", "http.server", "--bind", "127.0.0.1", "0", "--directory", str(served)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(server.stdout.readline().split("port ")[1].split()[0])
+        extra = {
+            "llamacpp_image_source_url": f"http://127.0.0.1:{port}/llama_cpp_python-0.3.36.tar.gz",
+            "llamacpp_image_work_dir": str(tmp_path / "work"),
+            "llamacpp_image_extra_cmake_args": "-DRIGKIT_TAMPER_TEST=1",  # a tag that does not exist yet
+        }
+        result = run(
+            ["ansible-playbook", "playbooks/provision.yml", "--limit", "sandbox", "-e", json.dumps(extra)],
+            log_name="image-tampered-download",
+        )
+    finally:
+        server.terminate()
+        server.wait()
+    assert result.returncode != 0
+    after_download = result.output.split("TASK [llamacpp_image : Download the pinned source tarball]")[1]
+    assert after_download.lstrip().startswith("[ERROR]") or after_download.lstrip().startswith("fatal")
+    assert "did not match" in after_download
+    assert "TASK [llamacpp_image : Build llama-server" not in result.output
+    # The image the rig runs is untouched.
+    assert inspect(rig_image, "docker", "exec", "rigkit-sandbox")["Id"] == inspect(rig_image)["Id"]
+
+
+def test_build_context_is_removed_after_build(sandbox_provisioned):
+    leftovers = list(Path("/var/cache/rigkit/llamacpp").glob("context-*"))
+    assert leftovers == []
