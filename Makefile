@@ -15,7 +15,7 @@ VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup provision check test lint harness hosts clean
+.PHONY: help setup provision check test lint harness hosts pin clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ provision: setup ## converge one rig: make provision host=NAME (default: the san
 check: setup ## dry run with diff: make check host=NAME
 	@$(BIN)/python bin/rigkit check-host '$(host)'
 	$(BIN)/ansible-playbook playbooks/provision.yml --limit '$(host)' --check --diff $(VAULT_ARGS) $(ARGS)
+
+pin: setup ## record a model's sha256 + size from Hugging Face: make pin model=NAME revision=COMMIT [force=1]
+	@$(BIN)/python bin/rigkit pin '$(model)' '$(revision)' $(if $(filter 1 yes true,$(force)),--force,) $(ARGS)
 
 harness: setup ## start the Docker engine and build the base and rig images on this machine
 	$(BIN)/ansible-playbook playbooks/harness.yml

@@ -34,6 +34,15 @@ def _deployable_entry(name: str, catalog: dict[str, Any], role: str | None = Non
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def _catalog_refusal(name: Any, catalog: dict[str, Any], role: str | None = None) -> str:
+    """Why ``name`` cannot be deployed (in the ``role`` slot), or '' when it can: for asserts with a good message."""
+    try:
+        deployable_entry(catalog, str(name), role)
+    except CatalogError as exc:
+        return str(exc)
+    return ""
+
+
 def _catalog_problems(catalog: Any) -> list[str]:
     return catalog_problems(catalog)
 
@@ -44,4 +53,5 @@ class FilterModule:
             "catalog_entry": _catalog_entry,
             "deployable_entry": _deployable_entry,
             "catalog_problems": _catalog_problems,
+            "catalog_refusal": _catalog_refusal,
         }

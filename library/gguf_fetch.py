@@ -24,7 +24,8 @@ options:
   entry:
     description:
       - A C(model_catalog) entry (C(repo), C(revision), C(filename), C(sha256), C(size), C(architecture), C(role));
-        other keys are ignored. The catalog's own rules apply (module_utils/model_catalog.py). Mutually exclusive with the individual fields.
+        other keys are ignored. The catalog's own rules apply (module_utils/model_catalog.py).
+      - Mutually exclusive with the individual fields.
     type: dict
   name:
     description: The catalog entry's name, used in messages.
@@ -95,6 +96,14 @@ options:
     description: First retry delay in seconds; doubles per consecutive failure, capped at 60.
     type: float
     default: 1
+  progress:
+    description:
+      - Draw a one-line progress bar (bytes, percent, MB/s, ETA) while downloading on the terminal the play was
+        started from - C(/dev/tty), else the terminal of the nearest ancestor process (ansible-core detaches its
+        workers from the controlling terminal). Meant for the controller (C(delegate_to: localhost)) when a human
+        watches; without a terminal (CI, cron) it is silently skipped. Never affects the result.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - ansible.builtin.files
 notes:
@@ -187,6 +196,7 @@ error_kind:
 """
 
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible.module_utils.model_fetch import (
@@ -223,7 +233,99 @@ def argument_spec() -> dict:
         "connect_timeout": {"type": "float", "default": 15.0},
         "retries": {"type": "int", "default": 5},
         "backoff": {"type": "float", "default": 1.0},
+        "progress": {"type": "bool", "default": False},
     }
+
+
+def _controller_terminal() -> str | None:
+    """The terminal of the human who started Ansible, or None.
+
+    /dev/tty first; ansible-core 2.19 detaches its workers from the controlling terminal (setsid), so then the
+    nearest ancestor process (ansible-playbook itself) whose stderr, stdout or stdin is a terminal.
+    """
+    candidates = ["/dev/tty"]
+    pid = os.getppid()
+    for _ in range(32):
+        if pid <= 1:
+            break
+        for fd in (2, 1, 0):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(("/dev/pts/", "/dev/tty")) and target not in candidates:
+                candidates.append(target)
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as stat_file:
+                pid = int(stat_file.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    for path in candidates:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        is_tty = os.isatty(fd)
+        os.close(fd)
+        if is_tty:
+            return path
+    return None
+
+
+class TtyProgress:
+    """A one-line progress bar on the controller's terminal; does nothing when there is none."""
+
+    WIDTH = 24
+    INTERVAL_S = 0.25
+
+    def __init__(self, label: str, path: str | None = None) -> None:
+        self.label = label if len(label) <= 40 else "..." + label[-37:]
+        self._tty = None
+        path = path or _controller_terminal()
+        if path is None:
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+            self._tty = os.fdopen(fd, "w", encoding="utf-8")
+        except OSError:
+            return
+        self._start = time.monotonic()
+        self._last = 0.0
+        self._first: int | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._tty is None:
+            return
+        now = time.monotonic()
+        if self._first is None:
+            self._first = done  # bytes already there when this run started (a resumed part)
+        if now - self._last < self.INTERVAL_S and done < total:
+            return
+        self._last = now
+        rate = (done - self._first) / max(now - self._start, 1e-6)
+        fraction = done / total if total else 1.0
+        filled = int(fraction * self.WIDTH)
+        eta = (total - done) / rate if rate > 0 else 0.0
+        line = (
+            f"\r{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done / 1e6:,.1f}/{total / 1e6:,.1f} MB "
+            f"{fraction * 100:5.1f}% {rate / 1e6:7.1f} MB/s ETA {int(eta) // 60:d}:{int(eta) % 60:02d}\x1b[K"
+        )
+        try:
+            self._tty.write(line)
+            self._tty.flush()
+        except OSError:
+            self.close()
+
+    def close(self) -> None:
+        if self._tty is None:
+            return
+        try:
+            if self._first is not None:
+                self._tty.write("\n")
+            self._tty.close()
+        except OSError:
+            pass
+        self._tty = None
 
 
 def entry_from_params(params: dict) -> CatalogEntry:
@@ -253,8 +355,11 @@ def main() -> None:
         backoff_initial=params["backoff"],
         check_mode=module.check_mode,
     )
+    bar = None
     try:
         entry = entry_from_params(params)
+        if params["progress"] and not module.check_mode:
+            bar = options.progress = TtyProgress(entry.label)
         result = fetch_model(entry, dest, options)
     except FetchError as exc:
         extra: dict = {"error_kind": exc.kind, "path": dest}
@@ -268,6 +373,9 @@ def main() -> None:
             msg=f"{dest}: {exc.strerror or exc} ({exc.__class__.__name__}); check the path and its permissions",
             path=dest,
         )
+    finally:
+        if bar is not None:
+            bar.close()
 
     out = result.as_dict()
     out.pop("check_mode", None)

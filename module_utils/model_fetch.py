@@ -194,6 +194,8 @@ class FetchOptions:
     backoff_max: float = 60.0
     chunk_size: int = DEFAULT_CHUNK_SIZE
     check_mode: bool = False
+    # Called as progress(bytes_in_part, total_bytes) after every chunk written (a terminal progress bar).
+    progress: Callable[[int, int], None] | None = None
 
     def validate(self) -> None:
         scheme = urllib.parse.urlsplit(self.base_url).scheme.lower()
@@ -654,6 +656,8 @@ class _Fetcher:
                 hasher.update(data)
                 self._offset += len(data)
                 self.result.bytes_downloaded += len(data)
+                if self.opts.progress is not None:
+                    self.opts.progress(self._offset, self.entry.size)
         except TimeoutError:
             raise _Transient(
                 f"no data for {self.opts.read_timeout:g} s (read timeout) at byte {self._offset}"

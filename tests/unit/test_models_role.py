@@ -1,0 +1,168 @@
+"""Role models on this machine (local connection, a temporary models_dir): refusals, deploy, re-run, check, prune.
+
+The rig-container proof is the role's Molecule scenario and tests/integration/test_models_fleet.py; these runs
+take seconds and pin down the messages and the rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible.module_utils.model_mirror import ModelMirror
+
+from tests.fixtures.sandbox_hub import build_hub
+
+REPO = Path(__file__).resolve().parents[2]
+CATALOG_FILE = REPO / "inventory" / "group_vars" / "all" / "model_catalog.yml"
+CATALOG = yaml.safe_load(CATALOG_FILE.read_text())["model_catalog"]
+PAIR = ("tiny-gemma4-target", "tiny-gemma4-assistant")
+
+PLAYBOOK = f"""---
+- name: Role models on this machine
+  hosts: all
+  gather_facts: false
+  vars_files: [{CATALOG_FILE}]
+  tasks:
+    - name: Deploy
+      ansible.builtin.include_role:
+        name: models
+    - name: Show the facts
+      ansible.builtin.debug:
+        msg: "{{{{ {{'target': models_target_path, 'drafter': models_drafter_path,
+                   'target_entry': models_target_entry}} | to_json }}}}"
+"""
+
+
+def play(tmp_path: Path, hosts: dict[str, dict[str, Any]], *extra: str) -> dict[str, Any]:
+    """Run the role on local 'hosts' (one per case); returns the ansible.posix.json output."""
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(PLAYBOOK)
+    inventory = tmp_path / "hosts.yml"
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": common}}))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook), *extra]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+
+def failures(output: dict[str, Any]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for task in output["plays"][0]["tasks"]:
+        for host, result in task["hosts"].items():
+            if result.get("failed"):
+                items = [item.get("msg", "") for item in result.get("results", []) if item.get("failed")]
+                found[host] = " ".join(items) or result.get("msg", "")
+    return found
+
+
+def facts(output: dict[str, Any], host: str) -> dict[str, Any]:
+    shown = [t["hosts"][host] for t in output["plays"][0]["tasks"] if t["task"]["name"] == "Show the facts"]
+    return json.loads(shown[0]["msg"]) if isinstance(shown[0]["msg"], str) else shown[0]["msg"]
+
+
+def model_file(models_dir: Path, name: str) -> Path:
+    entry = CATALOG[name]
+    return models_dir / entry["sha256"][:16] / Path(entry["filename"]).name
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local "Hugging Face" serving the tiny pair in the resolve/ layout."""
+    hub = tmp_path_factory.mktemp("hub")
+    build_hub(hub, CATALOG_FILE, list(PAIR))
+    with ModelMirror(hub) as mirror:
+        yield mirror.url
+
+
+def test_refusals_name_the_variable_and_touch_nothing(tmp_path: Path) -> None:
+    cases = {
+        "unset": ({"models_target": ""}, "unset: models_target is not set"),
+        "unknown": (
+            {"models_target": "nope"},
+            "unknown: models_target=nope cannot be deployed: model 'nope' is not in",
+        ),
+        "unpinned": (
+            {"models_target": "gemma-4-E2B-it-qat-q4_0-exact"},
+            "run `make pin model=gemma-4-E2B-it-qat-q4_0-exact revision=COMMIT`",
+        ),
+        "swapped": (
+            {"models_target": "tiny-gemma4-assistant"},
+            "is a drafter in the catalog, but is used here as the target",
+        ),
+        "bad_drafter": (
+            {"models_target": "tiny-gemma4-target", "models_drafter": "gemma-4-E2B-it-qat-assistant-q4_0-exact"},
+            "bad_drafter: models_drafter=gemma-4-E2B-it-qat-assistant-q4_0-exact cannot be deployed",
+        ),
+        "bad_keep": (
+            {"models_target": "tiny-gemma4-target", "models_prune": True, "models_keep": ["old-one"]},
+            "bad_keep: models_keep names old-one",
+        ),
+    }
+    hosts = {name: {**spec, "models_dir": str(tmp_path / name)} for name, (spec, _) in cases.items()}
+    failed = failures(play(tmp_path, hosts))
+    for name, (_, message) in cases.items():
+        assert message in failed.get(name, ""), (name, failed.get(name))
+        if name not in ("unset", "bad_keep"):
+            assert "inventory/host_vars/" in failed[name]
+        assert not (tmp_path / name).exists(), f"{name}: the role touched models_dir before refusing"
+
+
+def test_deploy_rerun_check_and_prune(tmp_path: Path, stand_in: str) -> None:
+    models = tmp_path / "models"
+    host = {
+        "models_target": PAIR[0],
+        "models_drafter": PAIR[1],
+        "models_dir": str(models),
+        "models_base_url": stand_in,
+        "models_allow_insecure_http": True,
+    }
+    planned = play(tmp_path, {"rig": host}, "--check")
+    assert planned["stats"]["rig"]["failures"] == 0 and planned["stats"]["rig"]["changed"] > 0
+    assert not models.exists()  # check mode wrote nothing
+
+    first = play(tmp_path, {"rig": host})
+    assert first["stats"]["rig"]["failures"] == 0, failures(first)
+    for name in PAIR:
+        path = model_file(models, name)
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == CATALOG[name]["sha256"]
+        assert oct(path.stat().st_mode & 0o777) == "0o644" and path.stat().st_uid == 0
+        assert oct(path.parent.stat().st_mode & 0o777) == "0o755"
+    shown = facts(first, "rig")
+    assert shown["target"] == str(model_file(models, PAIR[0]))
+    assert shown["drafter"] == str(model_file(models, PAIR[1]))
+    assert shown["target_entry"]["architecture"] == "gemma4"
+
+    second = play(tmp_path, {"rig": host})
+    assert second["stats"]["rig"]["changed"] == 0
+
+    # Prune: the drafter is no longer wanted, an old model is kept by name, a stray file goes.
+    kept = models / CATALOG["gemma-3-270m-it-q4_k_m"]["sha256"][:16]
+    kept.mkdir()
+    (kept / "gemma-3-270m-it-Q4_K_M.gguf").write_text("kept")
+    (models / "stray.txt").write_text("nobody's")
+    pruning = {**host, "models_drafter": "", "models_prune": True, "models_keep": ["gemma-3-270m-it-q4_k_m"]}
+    play(tmp_path, {"rig": pruning}, "--check")
+    assert model_file(models, PAIR[1]).exists() and (models / "stray.txt").exists()  # check mode removed nothing
+    pruned = play(tmp_path, {"rig": pruning})
+    assert pruned["stats"]["rig"]["failures"] == 0
+    assert sorted(p.name for p in models.iterdir()) == sorted([CATALOG[PAIR[0]]["sha256"][:16], kept.name])
+    assert facts(pruned, "rig")["drafter"] == ""
