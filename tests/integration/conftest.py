@@ -21,3 +21,11 @@ def harness() -> dict[str, int]:
     second = run(["ansible-playbook", "playbooks/harness.yml"], log_name="harness-second")
     assert second.returncode == 0, second.tail()
     return recap(second.output)["localhost"]
+
+
+@pytest.fixture(scope="session")
+def sandbox_provisioned(harness) -> str:
+    """`make provision host=sandbox` from whatever state the sandbox is in; returns its output."""
+    first = run(["make", "--no-print-directory", "provision", "host=sandbox"], log_name="provision-sandbox-first")
+    assert first.returncode == 0, first.tail(120)
+    return first.output

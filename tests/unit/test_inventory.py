@@ -25,7 +25,7 @@ def inventory() -> dict:
 
 def test_groups(inventory):
     assert set(inventory["gpu_rigs"]["hosts"]) == {"desktop3050", "laptop1650ti"}
-    assert inventory["sandbox_rigs"]["hosts"] == ["sandbox"]
+    assert inventory["sandbox_rigs"]["hosts"] == ["sandbox", "sandbox-mtp"]
 
 
 @pytest.mark.parametrize("host", sorted(SEED_RIGS))
@@ -64,7 +64,7 @@ def test_unknown_host_fails_at_once_listing_known_ones():
     result = run(["make", "--no-print-directory", "provision", "host=nope"])
     assert result.returncode != 0
     assert "unknown host nope" in result.output
-    for rig in ("desktop3050", "laptop1650ti", "sandbox"):
+    for rig in ("desktop3050", "laptop1650ti", "sandbox", "sandbox-mtp"):
         assert rig in result.output
     assert "PLAY" not in result.output  # refused before Ansible started
 

@@ -1,0 +1,177 @@
+#!/usr/bin/python
+"""Ansible module: wait for a llama-server unit to serve, then prove it drafts with a canary completion."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llama_server_probe
+short_description: Wait until a llama-server unit is healthy and prove that it drafts
+description:
+  - Polls C(/health) until it answers 200, failing at once when the systemd unit dies or restarts meanwhile
+    (a crash loop never waits out the timeout), and returns the unit's own log lines on failure.
+  - Then sends a greedy canary completion (prompt cache off) and reports C(timings.draft_n),
+    C(timings.draft_n_accepted), the acceptance, and whether C(/slots) shows the drafter active.
+  - Changes nothing on the host.
+options:
+  url:
+    description: Base URL of the server, for example C(http://127.0.0.1:8080).
+    type: str
+    required: true
+  api_key:
+    description: API key, when the server requires one.
+    type: str
+  unit:
+    description: systemd unit running the server (for liveness and its log lines).
+    type: str
+  timeout:
+    description: Seconds to wait for C(/health).
+    type: int
+    default: 300
+  canary:
+    description: Send a canary completion once healthy.
+    type: bool
+    default: true
+  prompt:
+    description: Canary prompt.
+    type: str
+    default: "def fibonacci(n):"
+  n_predict:
+    description: Tokens the canary generates.
+    type: int
+    default: 32
+  require_draft:
+    description: Fail unless the canary reports drafted tokens (C(timings.draft_n) > 0).
+    type: bool
+    default: true
+supports_check_mode: true
+author: rigkit
+"""
+
+EXAMPLES = r"""
+- name: Wait for the server and check that it drafts
+  llama_server_probe:
+    url: http://127.0.0.1:8080
+    unit: rigkit-llama-main.service
+"""
+
+RETURN = r"""
+waited:
+  description: Seconds until C(/health) answered 200.
+  type: float
+  returned: success
+draft_n:
+  description: Tokens the drafter proposed during the canary.
+  type: int
+  returned: when canary
+draft_n_accepted:
+  description: Drafted tokens the target accepted.
+  type: int
+  returned: when canary
+acceptance:
+  description: draft_n_accepted / draft_n, or null without drafts.
+  type: float
+  returned: when canary
+speculative:
+  description: Whether every slot reports C(speculative) true in C(/slots).
+  type: bool
+  returned: when canary
+build_info:
+  description: C(b<build>-<commit>) from C(/props).
+  type: str
+  returned: when canary
+"""
+
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llama_server_api import (
+    Endpoint,
+    ServerApiError,
+    build_info,
+    complete,
+    speculative_slots,
+    wait_ready,
+)
+
+
+def unit_state(unit: str) -> dict[str, str]:
+    proc = subprocess.run(
+        ["systemctl", "show", unit, "--property=ActiveState,SubState,MainPID,InvocationID"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+
+
+def unit_log(unit: str, invocation: str, lines: int = 60) -> list[str]:
+    argv = ["journalctl", "--unit", unit, "--output", "cat", "--no-pager", "--lines", str(lines)]
+    if invocation:
+        argv.append(f"_SYSTEMD_INVOCATION_ID={invocation}")
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return [line for line in proc.stdout.splitlines() if line.strip()]
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "url": {"type": "str", "required": True},
+            "api_key": {"type": "str", "no_log": True},
+            "unit": {"type": "str"},
+            "timeout": {"type": "int", "default": 300},
+            "canary": {"type": "bool", "default": True},
+            "prompt": {"type": "str", "default": "def fibonacci(n):"},
+            "n_predict": {"type": "int", "default": 32},
+            "require_draft": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    unit = params["unit"]
+    endpoint = Endpoint(params["url"], params["api_key"], timeout=max(30.0, params["n_predict"] * 2.0))
+    first = unit_state(unit) if unit else {}
+
+    def still_alive() -> str | None:
+        if not unit:
+            return None
+        now = unit_state(unit)
+        if now.get("ActiveState") in ("failed", "inactive") or now.get("SubState") == "auto-restart":
+            return f"{unit} is {now.get('ActiveState')}/{now.get('SubState')}"
+        if first.get("MainPID") not in (None, "0") and now.get("MainPID") != first.get("MainPID"):
+            return f"{unit} restarted (main PID {first.get('MainPID')} -> {now.get('MainPID')})"
+        return None
+
+    def fail(message: str) -> None:
+        log = unit_log(unit, first.get("InvocationID", "")) if unit else []
+        module.fail_json(msg=message + ("\nserver log:\n" + "\n".join(log[-40:]) if log else ""), server_log=log)
+
+    try:
+        waited = wait_ready(endpoint, params["timeout"], still_alive)
+    except ServerApiError as exc:
+        fail(str(exc))
+    result: dict = {"changed": False, "waited": round(waited, 2)}
+    if params["canary"]:
+        try:
+            canary = complete(endpoint, params["prompt"], params["n_predict"])
+            slots = speculative_slots(endpoint)
+            result.update(
+                draft_n=canary.draft_n,
+                draft_n_accepted=canary.draft_n_accepted,
+                acceptance=canary.acceptance,
+                predicted_per_second=canary.timings.get("predicted_per_second"),
+                speculative=bool(slots) and all(slots),
+                build_info=build_info(endpoint),
+            )
+        except ServerApiError as exc:
+            fail(f"the canary completion failed: {exc}")
+        if params["require_draft"] and (canary.draft_n == 0 or not result["speculative"]):
+            fail(
+                f"the server answered but did not draft (draft_n={canary.draft_n}, "
+                f"speculative={result['speculative']}); check llama_server_spec_type and models_drafter"
+            )
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

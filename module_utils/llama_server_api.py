@@ -1,0 +1,130 @@
+"""A small client for llama-server's HTTP API (stdlib only: it also runs on rigs).
+
+Used by the rollout probe (library/llama_server_probe.py) and by the kit's tests and tools, so every
+reader of /health, /completion, /slots and /metrics parses them the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ServerApiError(Exception):
+    """The server answered with an error, or not at all."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str
+    api_key: str | None = field(default=None, repr=False)
+    timeout: float = 30.0
+
+    def request(self, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+        headers = {"Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.base_url.rstrip("/") + path, data=data, headers=headers)  # noqa: S310
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - http(s) only
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except (urllib.error.URLError, OSError) as exc:
+            raise ServerApiError(f"{self.base_url}{path}: {getattr(exc, 'reason', exc)}") from exc
+
+    def get_json(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        status, payload = self.request(path, body)
+        if status != 200:
+            raise ServerApiError(f"{self.base_url}{path}: HTTP {status}: {payload[:300].decode(errors='replace')}")
+        return json.loads(payload)
+
+
+def health(endpoint: Endpoint) -> tuple[int, str]:
+    """(HTTP status, body): 503 while the model loads, 200 once it serves; (0, reason) when nothing answers."""
+    try:
+        status, payload = endpoint.request("/health")
+    except ServerApiError as exc:
+        return 0, str(exc)
+    return status, payload.decode(errors="replace")
+
+
+def wait_ready(
+    endpoint: Endpoint,
+    timeout: float,
+    still_alive: Callable[[], str | None] = lambda: None,
+    interval: float = 1.0,
+) -> float:
+    """Poll /health until 200; return seconds waited. `still_alive` returns a reason once waiting is pointless."""
+    start = time.monotonic()
+    last = (0, "no answer yet")
+    while time.monotonic() - start < timeout:
+        last = health(endpoint)
+        if last[0] == 200:
+            return time.monotonic() - start
+        reason = still_alive()
+        if reason:
+            raise ServerApiError(f"the server stopped before it became healthy: {reason}")
+        time.sleep(interval)
+    raise ServerApiError(f"/health did not answer 200 within {timeout:.0f} s (last: {last[0]} {last[1][:200]})")
+
+
+@dataclass(frozen=True)
+class Completion:
+    content: str
+    timings: dict[str, Any]
+
+    @property
+    def draft_n(self) -> int:
+        return int(self.timings.get("draft_n", 0))
+
+    @property
+    def draft_n_accepted(self) -> int:
+        return int(self.timings.get("draft_n_accepted", 0))
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+
+
+def complete(endpoint: Endpoint, prompt: str, n_predict: int = 32, **options: Any) -> Completion:
+    """A greedy completion that bypasses the prompt cache, so every call does the same work."""
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": False, "seed": 1, **options}
+    answer = endpoint.get_json("/completion", body)
+    return Completion(content=answer.get("content", ""), timings=answer.get("timings", {}))
+
+
+def speculative_slots(endpoint: Endpoint) -> list[bool]:
+    """Whether each slot drafts (the one endpoint that shows the drafter is active)."""
+    return [bool(slot.get("speculative")) for slot in endpoint.get_json("/slots")]
+
+
+def metrics(endpoint: Endpoint) -> dict[str, float]:
+    """Prometheus text from /metrics (needs --metrics) as {name{labels}: value}."""
+    status, payload = endpoint.request("/metrics")
+    if status != 200:
+        raise ServerApiError(f"{endpoint.base_url}/metrics: HTTP {status} (is llama_server_metrics on?)")
+    values: dict[str, float] = {}
+    for line in payload.decode(errors="replace").splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            values[name] = float(value)
+        except ValueError:
+            continue
+    return values
+
+
+def build_info(endpoint: Endpoint) -> str:
+    """`b<build>-<commit>` as the server reports it in /props."""
+    return str(endpoint.get_json("/props").get("build_info", ""))

@@ -1,0 +1,162 @@
+"""The server on both sandbox profiles: the rig suite passes, a second converge changes nothing, and every
+fault leaves the previous server answering."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.support import recap, run
+
+MTP_RIG = "sandbox-mtp"
+MTP_CONTAINER = "rigkit-sandbox-mtp"
+MTP_UNIT = "rigkit-llama-main.service"
+MTP_URL = "http://127.0.0.1:18081"
+
+
+def in_rig(container: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", "exec", container, *argv], capture_output=True, text=True, check=False)
+
+
+def rig_suite(host: str) -> None:
+    result = run(
+        [
+            "pytest",
+            "tests/rig",
+            f"--hosts=ansible://{host}",
+            "--ansible-inventory=inventory/hosts.yml",
+            "-p",
+            "no:cacheprovider",
+        ],
+        log_name=f"rig-suite-{host}",
+    )
+    assert result.returncode == 0, result.tail(80)
+    assert " passed" in result.output.splitlines()[-1]
+
+
+def provision(host: str, *extra: str, log: str) -> tuple[int, str]:
+    result = run(["make", "--no-print-directory", "provision", f"host={host}", f"ARGS={' '.join(extra)}"], log_name=log)
+    return result.returncode, result.output
+
+
+@pytest.fixture(scope="module")
+def mtp_rig(harness) -> str:
+    code, output = provision(MTP_RIG, log="provision-sandbox-mtp-first")
+    assert code == 0, output[-6000:]
+    return output
+
+
+def serving(container: str = MTP_CONTAINER, url: str = MTP_URL) -> dict:
+    """What the rig's current server answers: health, and a completion's timings."""
+    health = in_rig(container, "curl", "-sf", f"{url}/health")
+    body = json.dumps({"prompt": "Hello", "n_predict": 8, "temperature": 0, "cache_prompt": False})
+    answer = in_rig(container, "curl", "-sf", "-H", "Content-Type: application/json", "-d", body, f"{url}/completion")
+    return {
+        "health": health.stdout.strip(),
+        "timings": json.loads(answer.stdout)["timings"] if answer.returncode == 0 else None,
+    }
+
+
+def unit_text(container: str = MTP_CONTAINER) -> str:
+    return in_rig(container, "cat", f"/etc/systemd/system/{MTP_UNIT}").stdout
+
+
+def test_gemma3_self_draft_profile_passes_the_rig_suite(sandbox_provisioned):
+    assert "draft acceptance" in sandbox_provisioned
+    rig_suite("sandbox")
+
+
+def test_mtp_profile_passes_the_rig_suite(mtp_rig):
+    assert "draft-mtp" in mtp_rig
+    rig_suite(MTP_RIG)
+
+
+def test_mtp_profile_second_converge_changes_nothing(mtp_rig):
+    code, output = provision(MTP_RIG, log="provision-sandbox-mtp-second")
+    assert code == 0, output[-6000:]
+    assert recap(output)[MTP_RIG]["changed"] == 0, output[-6000:]
+
+
+@pytest.fixture
+def previous(mtp_rig) -> dict:
+    """The server as it answers before a bad change, and its unit file."""
+    state = {"unit": unit_text(), "serving": serving()}
+    assert state["serving"]["health"] == '{"status":"ok"}'
+    return state
+
+
+def still_serving(previous: dict) -> None:
+    assert unit_text() == previous["unit"]
+    now = serving()
+    assert now["health"] == '{"status":"ok"}'
+    assert now["timings"]["draft_n"] > 0
+
+
+def test_mismatched_drafter_is_refused_before_the_server_is_touched(previous, tmp_path):
+    from tests.fixtures.tiny_gemma4 import write_pair
+
+    _target, drafter = write_pair(tmp_path / "t.gguf", tmp_path / "wide-assistant.gguf", embedding_length_out=128)
+    assert in_rig(MTP_CONTAINER, "mkdir", "-p", "/var/lib/rigkit/models/mismatch").returncode == 0
+    copied = subprocess.run(
+        ["docker", "cp", str(drafter), f"{MTP_CONTAINER}:/var/lib/rigkit/models/mismatch/wide-assistant.gguf"],
+        check=False,
+    )
+    assert copied.returncode == 0
+    code, output = provision(
+        MTP_RIG,
+        "-e",
+        "llama_server_drafter_path=/var/lib/rigkit/models/mismatch/wide-assistant.gguf",
+        log="fault-mismatch",
+    )
+    assert code != 0
+    assert "models_drafter" in output and "128" in output and "64" in output
+    assert "Restart the server" not in output.split("Check that the drafter pairs with the target")[1]
+    still_serving(previous)
+
+
+def test_context_that_cannot_fit_is_refused(previous):
+    code, output = provision(MTP_RIG, "-e", "llama_server_memory_budget_mib=1", log="fault-memory")
+    assert code != 0
+    assert "llama_server_ctx_size" in output and "MiB" in output
+    still_serving(previous)
+    code, output = provision(MTP_RIG, "-e", "llama_server_ctx_size=1048576", log="fault-context")
+    assert code != 0 and "llama_server_ctx_size" in output
+    still_serving(previous)
+
+
+def test_unknown_flag_rolls_back_with_the_servers_own_words(previous):
+    code, output = provision(MTP_RIG, "-e", '\'{"llama_server_extra_args": ["--no-such-flag"]}\'', log="fault-flag")
+    assert code != 0
+    assert "--no-such-flag" in output and "last working unit was restored" in output
+    still_serving(previous)
+
+
+def test_health_check_that_never_passes_rolls_back(previous):
+    extra = '\'{"llama_server_extra_args": ["--port", "18099"], "llama_server_health_timeout": 15}\''
+    code, output = provision(MTP_RIG, "-e", extra, log="fault-health")
+    assert code != 0
+    assert "did not answer 200 within 15 s" in output and "last working unit was restored" in output
+    still_serving(previous)
+    assert in_rig(MTP_CONTAINER, "curl", "-s", "http://127.0.0.1:18099/health").returncode != 0
+
+
+def test_killed_server_is_restarted_by_systemd(previous):
+    def restarts() -> int:
+        out = in_rig(MTP_CONTAINER, "systemctl", "show", MTP_UNIT, "--property=NRestarts").stdout
+        return int(out.strip().split("=")[1])
+
+    before = restarts()
+    killed = in_rig(MTP_CONTAINER, "pkill", "--signal", "KILL", "--full", "/app/llama-server")
+    assert killed.returncode == 0
+    start = time.monotonic()
+    while time.monotonic() - start < 10:
+        if restarts() > before and serving()["health"] == '{"status":"ok"}':
+            break
+        time.sleep(0.5)
+    elapsed = time.monotonic() - start
+    assert restarts() > before
+    assert serving()["health"] == '{"status":"ok"}', f"not serving {elapsed:.1f} s after the kill"
+    assert elapsed < 10

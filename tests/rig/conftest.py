@@ -1,0 +1,79 @@
+"""The rig suite: run against the sandbox in CI and against real rigs through the Ansible inventory.
+
+    pytest tests/rig --hosts='ansible://sandbox' --ansible-inventory=inventory/hosts.yml
+    pytest tests/rig --hosts='ansible://gpu_rigs' --ansible-inventory=inventory/hosts.yml
+
+Expectations come from the rig's host variables over the llama_server role's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support import REPO
+
+DEFAULTS = yaml.safe_load((REPO / "roles/llama_server/defaults/main.yml").read_text())
+CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
+
+REQUEST = (
+    "import json, sys, urllib.request as u\n"
+    "url, body, key = sys.argv[1], sys.argv[2], sys.argv[3]\n"
+    "headers = {'Content-Type': 'application/json'}\n"
+    "if key: headers['Authorization'] = 'Bearer ' + key\n"
+    "req = u.Request(url, data=body.encode() if body else None, headers=headers)\n"
+    "print(u.urlopen(req, timeout=300).read().decode())\n"
+)
+
+
+class Rig:
+    """One rig's server as the suite sees it: its settings and a client that runs on the rig itself."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+        hostvars = host.ansible.get_variables()
+        self.settings = {
+            key: hostvars.get(key, value) for key, value in DEFAULTS.items() if key.startswith("llama_server_")
+        }
+        self.hostvars = hostvars
+        instance = self.settings["llama_server_instance"]
+        self.unit = f"rigkit-llama-{instance}.service"
+        self.container = f"rigkit-llama-{instance}"
+        bind = self.settings["llama_server_host"]
+        self.address = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+        self.url = f"http://{self.address}:{self.settings['llama_server_port']}"
+
+    def call(self, path: str, body: dict | None = None, raw: bool = False) -> Any:
+        key = self.settings.get("llama_server_api_key") or ""
+        command = f"python3 -c {shlex.quote(REQUEST)} {shlex.quote(self.url + path)} "
+        command += f"{shlex.quote(json.dumps(body) if body is not None else '')} {shlex.quote(key)}"
+        out = self.host.check_output(command)
+        return out if raw else json.loads(out)
+
+    def complete(self, prompt: str, n_predict: int = 48) -> dict:
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": False, "seed": 1}
+        return self.call("/completion", body)
+
+    def journal(self) -> str:
+        return self.host.check_output(f"journalctl --unit {self.unit} --output cat --no-pager")
+
+    def server_args(self) -> list[str]:
+        """argv of the llama-server process (visible from the rig: the container is its child)."""
+        for pid in self.host.check_output("pgrep -f /app/llama-server").split():
+            args = self.host.file(f"/proc/{pid}/cmdline").content.split(b"\0")
+            if args and args[0].endswith(b"/app/llama-server"):
+                return [arg.decode() for arg in args if arg]
+        raise AssertionError("no llama-server process on the rig")
+
+    def arg(self, flag: str) -> str:
+        args = self.server_args()
+        return args[args.index(flag) + 1]
+
+
+@pytest.fixture(scope="module")
+def rig(host) -> Rig:
+    return Rig(host)

@@ -1,0 +1,118 @@
+"""Proof, on the rig, that llama-server runs the pinned target with its drafter and reports acceptance."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from tests.rig.conftest import CATALOG
+
+ACCEPTANCE_RE = re.compile(r"draft acceptance = ([0-9.]+) \(\s*(\d+) accepted /\s*(\d+) generated\)")
+
+
+def test_unit_enabled_and_active(rig):
+    service = rig.host.service(rig.unit)
+    assert service.is_enabled
+    assert service.is_running
+
+
+def test_listens_on_the_configured_address_only(rig):
+    port = rig.settings["llama_server_port"]
+    listening = [s for s in rig.host.socket.get_listening_sockets() if s.endswith(f":{port}")]
+    assert listening == [f"tcp://{rig.settings['llama_server_host']}:{port}"]
+
+
+def test_health_ok(rig):
+    assert rig.call("/health") == {"status": "ok"}
+
+
+def test_runs_the_pinned_files(rig):
+    for flag, name in (("--model", "models_target"), ("--model-draft", "models_drafter")):
+        if flag == "--model-draft" and rig.settings["llama_server_spec_type"] == "none":
+            continue
+        path = rig.arg(flag)
+        digest = rig.host.check_output(f"sha256sum {path}").split()[0]
+        assert digest == CATALOG[rig.hostvars[name]]["sha256"], path
+
+
+def test_journal_shows_the_drafter_loaded(rig):
+    if rig.settings["llama_server_spec_type"] == "none":
+        return
+    assert f"loading draft model '{rig.arg('--model-draft')}'" in rig.journal()
+
+
+def test_process_settings_equal_host_variables(rig):
+    assert rig.arg("--ctx-size") == str(rig.settings["llama_server_ctx_size"])
+    assert rig.arg("--spec-type") == rig.settings["llama_server_spec_type"]
+    assert rig.arg("--spec-draft-n-max") == str(rig.settings["llama_server_spec_draft_n_max"])
+    assert rig.arg("--parallel") == str(rig.settings["llama_server_parallel"])
+
+
+def test_slots_report_speculative(rig):
+    slots = rig.call("/slots")
+    assert slots and all(slot["speculative"] for slot in slots)
+
+
+def test_completion_drafts_and_the_journal_reports_acceptance(rig):
+    before = len(ACCEPTANCE_RE.findall(rig.journal()))
+    answer = rig.complete(f"Write a Python function that adds two numbers. ({time.time()})")
+    timings = answer["timings"]
+    assert timings["draft_n"] > 0
+    assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
+    for _ in range(20):  # journald may lag the response by a moment
+        reported = ACCEPTANCE_RE.findall(rig.journal())
+        if len(reported) > before:
+            break
+        time.sleep(0.5)
+    assert len(reported) > before
+    minimum = rig.hostvars.get("rig_expected_min_acceptance")
+    if minimum is not None:
+        assert timings["draft_n_accepted"] / timings["draft_n"] >= minimum, timings
+
+
+def test_metrics_count_drafted_tokens(rig):
+    name = "llamacpp:spec_decode_num_draft_tokens_total"
+
+    def drafted() -> float:
+        for line in rig.call("/metrics", raw=True).splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"{name} missing from /metrics")
+
+    first = drafted()
+    rig.complete("List three prime numbers:")
+    assert drafted() > first
+
+
+def test_container_runs_least_privileged(rig):
+    inspect = json.loads(rig.host.check_output(f"docker inspect {rig.container}"))[0]
+    config, host_config = inspect["Config"], inspect["HostConfig"]
+    assert config["User"] == "10001:10001"
+    assert host_config["ReadonlyRootfs"] is True
+    assert host_config["CapDrop"] == ["ALL"]
+    assert "no-new-privileges" in host_config["SecurityOpt"]
+    assert host_config["Privileged"] is False
+    mounts = {mount["Destination"]: mount for mount in inspect["Mounts"]}
+    models = rig.settings["llama_server_models_dir"]
+    models = models if "{{" not in models else rig.hostvars.get("models_dir", "/var/lib/rigkit/models")
+    assert mounts[models]["RW"] is False
+
+
+def test_secrets_file_is_root_only(rig):
+    env = rig.host.file(f"/etc/rigkit/llama-{rig.settings['llama_server_instance']}.env")
+    assert (env.user, env.group, env.mode) == ("root", "root", 0o600)
+    unit = rig.host.file(f"/etc/systemd/system/{rig.unit}").content_string
+    assert "LLAMA_API_KEY" not in unit and "--api-key" not in unit
+
+
+def test_image_reports_the_pinned_commit(rig):
+    props = rig.call("/props")
+    assert props["build_info"] == "b11312-0c1e570"
+
+
+def test_models_are_read_only_for_the_server(rig):
+    path = rig.arg("--model")
+    model = rig.host.file(path)
+    assert model.user == "root" and model.mode & 0o022 == 0
+    assert rig.host.file(path.rsplit("/", 1)[0]).mode & 0o022 == 0
