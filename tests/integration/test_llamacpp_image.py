@@ -31,6 +31,7 @@ def render(*hosts: str, extra: dict | None = None) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def rig_image(sandbox_provisioned) -> str:
+    """The image the sandbox runs, which must be the tag the role derives from its inputs."""
     tags = run(
         [
             "docker",
@@ -44,9 +45,10 @@ def rig_image(sandbox_provisioned) -> str:
         ]
     )
     assert tags.returncode == 0, tags.output
-    expected = render("sandbox")["sandbox"]["tag"]
-    assert expected in tags.output.split()
-    return expected
+    (image,) = tags.output.split()
+    base = inspect(image)["Config"]["Labels"]["io.rigkit.build-base-image"]
+    assert render("sandbox", extra={"container_harness_base_image": base})["sandbox"]["tag"] == image
+    return image
 
 
 def inspect(image: str, *engine: str) -> dict:
@@ -203,7 +205,7 @@ def test_role_refuses_a_tampered_download(rig_image, tmp_path):
         server.wait()
     assert result.returncode != 0
     after_download = result.output.split("TASK [llamacpp_image : Download the pinned source tarball]")[1]
-    assert after_download.lstrip().startswith("[ERROR]") or after_download.lstrip().startswith("fatal")
+    assert after_download.split("\n", 1)[1].lstrip().startswith(("[ERROR]", "fatal"))
     assert "did not match" in after_download
     assert "TASK [llamacpp_image : Build llama-server" not in result.output
     # The image the rig runs is untouched.
