@@ -8,10 +8,10 @@ rewritten only when a merged value really differs from what is on disk.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
+
+from ansible.module_utils.atomic_file import write_atomic
 
 
 class DaemonConfigError(Exception):
@@ -77,20 +77,7 @@ def render(config: dict[str, Any]) -> str:
 
 def write_config(path: str, config: dict[str, Any], mode: int = 0o644) -> None:
     """Write atomically: a crash mid-write never leaves Docker a half-written daemon.json."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(prefix=".daemon.json.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(render(config))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp_path, mode)
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.unlink(tmp_path)
-        raise
+    write_atomic(path, lambda handle: handle.write(render(config)), mode)
 
 
 def merge_into_file(path: str, settings: dict[str, Any], remove: list[str] | None = None) -> MergeResult:

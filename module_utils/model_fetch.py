@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
+from ansible.module_utils.atomic_file import write_atomic
 from ansible.module_utils.gguf_metadata import GgufError, read_gguf_metadata
 from ansible.module_utils.model_catalog import CatalogError, check_deployable
 
@@ -318,13 +319,7 @@ def _fsync_dir(directory: str) -> None:
 
 
 def _write_json_atomic(path: str, data: Mapping[str, Any]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, lambda handle: json.dump(data, handle, indent=1, sort_keys=True))
 
 
 def _read_json(path: str) -> dict[str, Any] | None:

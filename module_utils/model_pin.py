@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible.module_utils.atomic_file import write_atomic
 from ansible.module_utils.model_catalog import CATALOG_PATH, REVISION_RE, CatalogError, check_deployable
 
 __all__ = ["DEFAULT_ENDPOINT", "FileInfo", "PinError", "PinResult", "lookup_file", "pin_entry", "resolve_revision"]
@@ -214,18 +214,7 @@ def _load(path: str) -> tuple[Any, Any, str]:
 
 def _write(path: str, yaml: Any, data: Any, explicit_start: bool) -> None:
     yaml.explicit_start = explicit_start
-    directory = os.path.dirname(os.path.abspath(path))
-    mode = os.stat(path).st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=".pin-", suffix=".yml", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            yaml.dump(data, handle)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, lambda handle: yaml.dump(data, handle), os.stat(path).st_mode & 0o7777)
 
 
 def pin_entry(
