@@ -15,7 +15,7 @@ VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup provision check test lint harness hosts pin clean
+.PHONY: help setup provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -35,12 +35,36 @@ provision: setup ## converge one rig: make provision host=NAME (default: the san
 	@$(BIN)/python bin/rigkit check-host '$(host)'
 	$(BIN)/ansible-playbook playbooks/provision.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
 
-check: setup ## dry run with diff: make check host=NAME
+check: setup ## drift check: check + diff, exit 2 and summarise when the rig differs from the repo: make check host=NAME
 	@$(BIN)/python bin/rigkit check-host '$(host)'
-	$(BIN)/ansible-playbook playbooks/provision.yml --limit '$(host)' --check --diff $(VAULT_ARGS) $(ARGS)
+	@$(BIN)/python bin/rigkit drift --limit '$(host)' -- $(VAULT_ARGS) $(ARGS)
+
+rebuild: setup ## wipe the rig's server, image and models, provision from scratch, compare with the lock: make rebuild host=NAME
+	@$(BIN)/python bin/rigkit check-host '$(host)'
+	$(BIN)/ansible-playbook playbooks/rebuild.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
 
 pin: setup ## record a model's sha256 + size from Hugging Face: make pin model=NAME revision=COMMIT [force=1]
 	@$(BIN)/python bin/rigkit pin '$(model)' '$(revision)' $(if $(filter 1 yes true,$(force)),--force,) $(ARGS)
+
+status: setup ## one table for the fleet (or host=NAME): GPU, driver, llama.cpp, models, service, drafting [json=1]
+	@$(BIN)/python bin/rigkit status --limit '$(if $(filter command line,$(origin host)),$(host),rigs)' $(if $(filter 1 yes true,$(json)),--json,) $(if $(ARGS),-- $(ARGS),)
+
+bench: setup ## measure the drafter on a provisioned rig (off, draft length 1..N): make bench host=NAME
+	@$(BIN)/python bin/rigkit check-host '$(host)'
+	$(BIN)/ansible-playbook playbooks/bench.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
+
+bench-report: setup ## a table of past bench runs (reports/bench/): make bench-report [host=NAME]
+	@$(BIN)/python bin/rigkit bench-report $(if $(filter command line,$(origin host)),--host '$(host)',) $(ARGS)
+
+tune: setup ## set the host's draft length from its latest bench, if the gain beats the noise: make tune host=NAME
+	@$(BIN)/python bin/rigkit check-host '$(host)'
+	@$(BIN)/python bin/rigkit tune '$(host)' $(if $(report),--report '$(report)',) $(ARGS)
+
+# Held while `make image` builds, so a provision that needs the image waits instead of building it twice.
+IMAGE_LOCK ?= /run/lock/rigkit-llamacpp-image.lock
+image: setup ## build the rig's llama.cpp image on its build host ahead of a provision: make image host=NAME
+	@$(BIN)/python bin/rigkit check-host '$(host)'
+	flock $(IMAGE_LOCK) $(BIN)/ansible-playbook playbooks/image.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
 
 harness: setup ## start the Docker engine and build the base and rig images on this machine
 	$(BIN)/ansible-playbook playbooks/harness.yml
@@ -54,6 +78,9 @@ lint: setup ## ansible-lint (production), yamllint, ruff, playbook syntax check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/ansible-playbook --syntax-check playbooks/*.yml
+
+gpu-bundle: setup ## .device/ for tests/gpu/run.sh on a GPU machine: verified llama.cpp source, wheels, models
+	$(BIN)/python tests/gpu/make_bundle.py bundle
 
 clean: ## remove the virtualenv and caches (rigs are untouched)
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -128,3 +128,76 @@ def metrics(endpoint: Endpoint) -> dict[str, float]:
 def build_info(endpoint: Endpoint) -> str:
     """`b<build>-<commit>` as the server reports it in /props."""
     return str(endpoint.get_json("/props").get("build_info", ""))
+
+
+@dataclass(frozen=True)
+class StreamedCompletion:
+    """One streamed completion as the client saw it (monotonic seconds) plus the server's final timings."""
+
+    sent_at: float
+    first_token_at: float | None
+    last_token_at: float | None
+    token_events: int
+    content: str
+    timings: dict[str, Any]
+
+    @property
+    def predicted_n(self) -> int:
+        return int(self.timings.get("predicted_n", self.token_events))
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.first_token_at is None else (self.first_token_at - self.sent_at) * 1000.0
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Tokens per second after the first token, from the client's clock (drafts arrive in bursts)."""
+        if self.first_token_at is None or self.last_token_at is None or self.predicted_n < 2:
+            return None
+        span = self.last_token_at - self.first_token_at
+        return (self.predicted_n - 1) / span if span > 0 else None
+
+
+def stream_completion(endpoint: Endpoint, body: dict[str, Any]) -> StreamedCompletion:
+    """POST /completion with `stream: true`; time the first and last token events as they arrive."""
+    headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
+    if endpoint.api_key:
+        headers["Authorization"] = f"Bearer {endpoint.api_key}"
+    data = json.dumps({**body, "stream": True}).encode()
+    url = endpoint.base_url.rstrip("/") + "/completion"
+    request = urllib.request.Request(url, data=data, headers=headers)  # noqa: S310
+    sent_at = time.monotonic()
+    first = last = None
+    events = 0
+    parts: list[str] = []
+    timings: dict[str, Any] = {}
+    try:
+        with urllib.request.urlopen(request, timeout=endpoint.timeout) as response:  # noqa: S310 - http(s) only
+            for raw in response:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                event = json.loads(line[5:])
+                now = time.monotonic()
+                if event.get("content"):
+                    events += 1
+                    first = now if first is None else first
+                    last = now
+                    parts.append(event["content"])
+                if event.get("stop"):
+                    timings = event.get("timings", {})
+                    break
+    except urllib.error.HTTPError as exc:
+        raise ServerApiError(f"{url}: HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServerApiError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
+    return StreamedCompletion(sent_at, first, last, events, "".join(parts), timings)
+
+
+def apply_template(endpoint: Endpoint, messages: list[dict[str, str]]) -> str:
+    """The model's own chat template applied by the server (POST /apply-template)."""
+    return str(endpoint.get_json("/apply-template", {"messages": messages}).get("prompt", ""))
+
+
+def total_slots(endpoint: Endpoint) -> int:
+    return int(endpoint.get_json("/props").get("total_slots", 1))

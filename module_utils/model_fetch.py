@@ -61,6 +61,7 @@ __all__ = [
     "part_path",
     "record_path",
     "sha256_file",
+    "verified_record",
 ]
 
 DEFAULT_BASE_URL = "https://huggingface.co"
@@ -243,6 +244,28 @@ def build_url(base_url: str, entry: CatalogEntry) -> str:
     revision = urllib.parse.quote(entry.revision, safe="")
     filename = urllib.parse.quote(entry.filename, safe="/")
     return f"{base_url.rstrip('/')}/{repo}/resolve/{revision}/{filename}"
+
+
+def verified_record(dest: str, sha256: str, size: int, st: os.stat_result | None = None) -> dict[str, Any] | None:
+    """The verification record of `dest` when it still describes the file as it is now (same sha256 pin, size,
+    mtime, inode and device as when it was hashed), else None: the file would need hashing again."""
+    record = _read_json(record_path(dest))
+    if record is None:
+        return None
+    if st is None:
+        try:
+            st = os.stat(dest)
+        except OSError:
+            return None
+    matches = (
+        record.get("schema") == RECORD_SCHEMA
+        and record.get("sha256") == sha256
+        and record.get("size") == st.st_size == size
+        and record.get("mtime_ns") == st.st_mtime_ns
+        and record.get("inode") == st.st_ino
+        and record.get("device") == st.st_dev
+    )
+    return record if matches else None
 
 
 def part_path(dest: str) -> str:
@@ -439,17 +462,7 @@ class _Fetcher:
         return True, ""
 
     def _record_matches(self, st: os.stat_result) -> bool:
-        record = _read_json(record_path(self.dest))
-        if record is None:
-            return False
-        return (
-            record.get("schema") == RECORD_SCHEMA
-            and record.get("sha256") == self.entry.sha256
-            and record.get("size") == st.st_size == self.entry.size
-            and record.get("mtime_ns") == st.st_mtime_ns
-            and record.get("inode") == st.st_ino
-            and record.get("device") == st.st_dev
-        )
+        return verified_record(self.dest, self.entry.sha256, self.entry.size, st) is not None
 
     def _write_record(self, st: os.stat_result) -> None:
         _write_json_atomic(

@@ -26,6 +26,8 @@ def kit_env(**extra: str) -> dict[str, str]:
     env["ANSIBLE_FORCE_COLOR"] = "0"
     env["PY_COLORS"] = "0"
     env["ANSIBLE_NOCOLOR"] = "1"
+    # provisions made by tests record their lock entries here, not in the repo's inventory/rigs.lock.json
+    env.setdefault("RIGKIT_LOCK_FILE", str(ARTIFACTS / "rigs.lock.json"))
     env.update(extra)
     return env
 
@@ -73,3 +75,30 @@ def unavailable(reason: str) -> None:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"CI must provide this: {reason}")
     pytest.skip(reason)
+
+
+IMAGE_LOCK = Path(os.environ.get("IMAGE_LOCK", "/run/lock/rigkit-llamacpp-image.lock"))
+
+
+def wait_for_image_build(timeout: float = 3600.0) -> float:
+    """Wait while `make image` (CI starts it in the background) holds the image lock; returns seconds waited.
+    Tests that provision rigs call this first, so they reuse that build instead of starting a second one."""
+    import fcntl
+    import time
+
+    if not IMAGE_LOCK.exists():
+        return 0.0
+    started = time.monotonic()
+    with IMAGE_LOCK.open("rb") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() - started > timeout:
+                    raise TimeoutError(
+                        f"the image build holding {IMAGE_LOCK} did not finish in {timeout:.0f} s"
+                    ) from None
+                time.sleep(5)
+                continue
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return time.monotonic() - started

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import recap, run
+from tests.support import recap, run, wait_for_image_build
+
+# Tests that never need the llama.cpp image run first, so CI's background `make image` overlaps them.
+FIRST = ("test_harness.py", "test_molecule.py", "test_models_fleet.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/integration/" in str(item.path):
             item.add_marker(pytest.mark.integration)
+
+    def rank(item: pytest.Item) -> int:
+        if "/integration/" not in str(item.path):
+            return -1
+        return FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=lambda pair: (rank(pair[1]), pair[0]))]
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +36,18 @@ def harness() -> dict[str, int]:
 @pytest.fixture(scope="session")
 def sandbox_provisioned(harness) -> str:
     """`make provision host=sandbox` from whatever state the sandbox is in; returns its output."""
+    wait_for_image_build()
     first = run(["make", "--no-print-directory", "provision", "host=sandbox"], log_name="provision-sandbox-first")
+    assert first.returncode == 0, first.tail(120)
+    return first.output
+
+
+@pytest.fixture(scope="session")
+def mtp_provisioned(harness) -> str:
+    """`make provision host=sandbox-mtp` (the tiny gemma4 pair on draft-mtp); returns its output."""
+    wait_for_image_build()
+    first = run(
+        ["make", "--no-print-directory", "provision", "host=sandbox-mtp"], log_name="provision-sandbox-mtp-first"
+    )
     assert first.returncode == 0, first.tail(120)
     return first.output

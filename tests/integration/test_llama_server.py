@@ -43,10 +43,8 @@ def provision(host: str, *extra: str, log: str) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def mtp_rig(harness) -> str:
-    code, output = provision(MTP_RIG, log="provision-sandbox-mtp-first")
-    assert code == 0, output[-6000:]
-    return output
+def mtp_rig(mtp_provisioned) -> str:
+    return mtp_provisioned
 
 
 def serving(container: str = MTP_CONTAINER, url: str = MTP_URL) -> dict:

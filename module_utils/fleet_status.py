@@ -1,0 +1,115 @@
+"""`make status`: the fleet's table from what playbooks/status.yml read back (module rig_deployed).
+
+The same rows feed the terminal table and `--json`; a value that differs from what the inventory expects is
+marked with `!` so drift shows at a glance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+COLUMNS = (
+    "rig",
+    "reachable",
+    "gpu",
+    "driver/cuda",
+    "llama.cpp",
+    "image",
+    "target",
+    "drafter",
+    "service",
+    "draft/ctx",
+    "acceptance",
+    "decode t/s",
+)
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, _ = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours}h" if days else (f"{hours}h{minutes:02d}m" if hours else f"{minutes}m")
+
+
+def _model(found: dict[str, Any] | None) -> str:
+    if not found:
+        return "-"
+    if not found.get("sha256"):
+        return f"{found['name']} (unpinned)"
+    return f"{found['name']} ({'verified' if found['verified'] else 'UNVERIFIED!'})"
+
+
+def row(host: str, status: dict[str, Any]) -> dict[str, Any]:
+    """One rig's row: display strings plus the raw figures (for --json)."""
+    expected = status.get("expected") or {}
+    if not status.get("reachable"):
+        cells = dict.fromkeys(COLUMNS, "")
+        cells.update(rig=host, reachable="no", service="unreachable")
+        return {"cells": cells, "raw": status}
+    deployed = status.get("deployed") or {}
+    gpu = deployed.get("gpu")
+    want_gpu = expected.get("gpu") or {}
+    image = deployed.get("image") or {}
+    container = deployed.get("container") or {}
+    server = deployed.get("server") or {}
+    unit = deployed.get("unit") or {}
+    models = deployed.get("models") or {}
+
+    gpu_text = "none (CPU)"
+    if gpu:
+        gpu_text = f"{gpu['name']} {gpu['memory_mib'] // 1024} GB"
+        if want_gpu.get("name") and want_gpu["name"] != gpu["name"]:
+            gpu_text += " !"
+    image_text = (expected.get("image") or "").split(":", 1)[-1] or "-"
+    if not image:
+        image_text += " (missing!)"
+    elif container.get("image_id") and container["image_id"] != image.get("id"):
+        image_text += " (container runs another image!)"
+    if server.get("answers"):
+        spec = "off" if server.get("spec_types") in (None, "none") else str(expected.get("draft_n_max"))
+        draft_ctx = f"{spec}/{server.get('ctx_per_slot')}x{server.get('slots')}"
+        configured_off = expected.get("spec_type") == "none"
+        if bool(server.get("speculative")) == configured_off:
+            draft_ctx += " !"
+    else:
+        draft_ctx = "-"
+    acceptance = server.get("acceptance")
+    service = f"{unit.get('active', '?')}"
+    if unit.get("uptime_s") is not None:
+        service += f" {_uptime(unit['uptime_s'])}"
+    if container.get("health"):
+        service += f" ({container['health']})"
+    cells = {
+        "rig": host,
+        "reachable": "yes",
+        "gpu": gpu_text,
+        "driver/cuda": f"{gpu['driver']}/{gpu.get('cuda') or '?'}" if gpu else "-",
+        "llama.cpp": server.get("build_info") or ("not answering" if not server.get("answers") else "?"),
+        "image": image_text,
+        "target": _model(models.get("target")),
+        "drafter": _model(models.get("drafter")),
+        "service": service,
+        "draft/ctx": draft_ctx,
+        "acceptance": f"{acceptance:.2f} ({server.get('accepted_tokens')}/{server.get('drafted_tokens')})"
+        if acceptance is not None
+        else "-",
+        "decode t/s": f"{server['decode_tps']:.1f}" if server.get("decode_tps") else "-",
+    }
+    return {"cells": cells, "raw": status}
+
+
+def rows(fleet: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [row(host, fleet[host]) for host in sorted(fleet)]
+
+
+def render(table_rows: list[dict[str, Any]]) -> str:
+    cells = [entry["cells"] for entry in table_rows]
+    widths = {column: max([len(column), *(len(str(line[column])) for line in cells)]) for column in COLUMNS}
+    lines = ["  ".join(column.upper().ljust(widths[column]) for column in COLUMNS).rstrip()]
+    lines += ["  ".join(str(line[column]).ljust(widths[column]) for column in COLUMNS).rstrip() for line in cells]
+    notes = [f"{entry['cells']['rig']}: {entry['raw']['error']}" for entry in table_rows if entry["raw"].get("error")]
+    if any("!" in str(value) for line in cells for value in line.values()):
+        notes.append("!: differs from what the inventory says (run `make check host=NAME` to see the drift)")
+    return "\n".join(lines + (["", *notes] if notes else []))

@@ -1,0 +1,177 @@
+"""`make bench`, `make bench-report` and `make tune` against both sandbox rigs' real servers: Gemma 3 270M
+drafting for itself (draft-simple) and the tiny gemma4 pair (draft-mtp). A short bench: drafter off and
+draft lengths 1..2, two interleaved passes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+
+import jsonschema
+import pytest
+
+from tests.support import REPO, recap, run
+
+SCHEMA = json.loads((REPO / "roles/llama_bench/files/bench-report.schema.json").read_text())
+RIGS = {
+    "sandbox": {"container": "rigkit-sandbox", "url": "http://127.0.0.1:18080", "concurrency_max": 1},
+    "sandbox-mtp": {"container": "rigkit-sandbox-mtp", "url": "http://127.0.0.1:18081", "concurrency_max": 2},
+}
+UNIT = "/etc/systemd/system/rigkit-llama-main.service"
+ENV = "/etc/rigkit/llama-main.env"
+
+
+def in_rig(container: str, *argv: str) -> str:
+    done = subprocess.run(["docker", "exec", container, *argv], capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+@pytest.fixture(scope="module", params=list(RIGS))
+def benched(request, sandbox_provisioned, mtp_provisioned, tmp_path_factory) -> dict:
+    host = request.param
+    rig = RIGS[host]
+    before = {path: in_rig(rig["container"], "cat", path) for path in (UNIT, ENV)}
+    reports = tmp_path_factory.mktemp(f"bench-{host}")
+    extra = [
+        "-e llama_bench_draft_max=2",
+        "-e llama_bench_passes=2",
+        "-e llama_bench_n_predict=16",
+        f"-e llama_bench_concurrency_max={rig['concurrency_max']}",
+        f"-e llama_bench_reports_dir={reports}",
+    ]
+    result = run(
+        ["make", "--no-print-directory", "bench", f"host={host}", f"ARGS={' '.join(extra)}"], log_name=f"bench-{host}"
+    )
+    assert result.returncode == 0, result.tail(80)
+    (path,) = sorted((reports / host).glob("*.json"))
+    return {
+        "host": host,
+        "rig": rig,
+        "output": result.output,
+        "reports": reports,
+        "report": json.loads(path.read_text()),
+        "path": path,
+        "before": before,
+    }
+
+
+def test_report_matches_the_schema_and_has_its_plot(benched):
+    jsonschema.validate(benched["report"], SCHEMA)
+    png = benched["path"].with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"report: {benched['path']}" in benched["output"]
+
+
+def test_report_describes_the_rig_it_measured(benched):
+    report = benched["report"]
+    rig = report["rig"]
+    assert rig["image"]["build_info"] == "b11312-0c1e570"
+    assert rig["image"]["llamacpp_commit"] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+    assert rig["image"]["id"].startswith("sha256:")
+    catalog_text = (REPO / "inventory/group_vars/all/model_catalog.yml").read_text()
+    assert rig["models"]["target"]["sha256"] in catalog_text
+    assert rig["models"]["drafter"]["sha256"] in catalog_text
+    assert report["settings"]["draft_lengths"] == [0, 1, 2]
+    assert [(step["pass"], step["draft_n_max"]) for step in report["settings"]["order"]] == [
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (2, 2),
+        (2, 1),
+        (2, 0),
+    ]
+
+
+def test_drafter_off_means_no_drafts_and_on_means_drafts(benched):
+    for cell in benched["report"]["cells"]:
+        drafted = [sample["draft_n"] for sample in cell["samples"]]
+        if cell["draft_n_max"] == 0:
+            assert drafted == [0] * len(drafted), cell
+        else:
+            assert all(count > 0 for count in drafted), cell
+        for sample in cell["samples"]:
+            assert all(req["predicted_n"] == 16 for req in sample["requests"]), sample
+            assert sample["ttft_ms"] > 0 and sample["decode_tps_client"] > 0
+
+
+def test_self_draft_is_accepted_and_the_random_pair_is_not(benched):
+    drafting = [cell for cell in benched["report"]["cells"] if cell["draft_n_max"] > 0]
+    acceptance = statistics.median(cell["median"]["acceptance"] for cell in drafting)
+    if benched["host"] == "sandbox":  # the same model drafts for itself, greedy
+        assert acceptance >= 0.9
+    else:  # random weights: the drafter's guesses are noise
+        assert acceptance <= 0.2
+
+
+def test_server_is_restored_as_configured(benched):
+    rig = benched["rig"]
+    for path, text in benched["before"].items():
+        assert in_rig(rig["container"], "cat", path) == text, path
+    slots = json.loads(in_rig(rig["container"], "curl", "-sf", f"{rig['url']}/slots"))
+    assert slots and all(slot["speculative"] for slot in slots)
+
+
+def test_tuner_picks_the_argmax_of_the_measured_medians_unless_inside_the_noise(benched, tmp_path):
+    report = benched["report"]
+    mix = report["settings"]["workload"]["mix"]
+    level = report["settings"]["workload"]["concurrency"]
+    medians, per_pass = {}, {}
+    for draft in report["settings"]["draft_lengths"]:
+        cells = {c["kind"]: c for c in report["cells"] if c["draft_n_max"] == draft and c["concurrency"] == level}
+        medians[draft] = sum(
+            w * statistics.median(s["decode_tps_client"] for s in cells[k]["samples"]) for k, w in mix.items()
+        )
+        passes = sorted({s["pass"] for c in cells.values() for s in c["samples"]})
+        per_pass[draft] = [
+            sum(w * next(s["decode_tps_client"] for s in cells[k]["samples"] if s["pass"] == p) for k, w in mix.items())
+            for p in passes
+        ]
+    argmax = max(medians, key=medians.get)
+    assert report["summary"]["best_draft_n_max"] == argmax
+
+    host_vars = tmp_path / f"{benched['host']}.yml"
+    shutil.copy(REPO / "inventory/host_vars" / f"{benched['host']}.yml", host_vars)
+    original = host_vars.read_text()
+    tuned = run(
+        [
+            "python",
+            "bin/rigkit",
+            "tune",
+            benched["host"],
+            "--report",
+            str(benched["path"]),
+            "--host-vars",
+            str(host_vars),
+        ],
+        log_name=f"tune-{benched['host']}",
+    )
+    assert tuned.returncode == 0, tuned.output
+    current = report["rig"]["server"]["draft_n_max"] if report["rig"]["server"]["spec_type"] != "none" else 0
+    total = sum(mix.values())
+    if current not in medians:
+        expected = argmax
+    else:
+        noise = max(max(per_pass[d]) - min(per_pass[d]) for d in (argmax, current)) / total
+        expected = argmax if (medians[argmax] - medians[current]) / total > noise else current
+    text = host_vars.read_text()
+    if expected == current:
+        assert text == original and "unchanged" in tuned.output
+    elif expected == 0:
+        assert "llama_server_spec_type: none  # tuned by `make tune`" in text
+    else:
+        assert f"llama_server_spec_draft_n_max: {expected}  # tuned by `make tune` from {benched['path'].name}" in text
+
+
+def test_bench_report_lists_the_run(benched):
+    listed = run(["make", "--no-print-directory", "bench-report", f"ARGS=--reports-dir {benched['reports']}"])
+    assert listed.returncode == 0, listed.output
+    assert benched["report"]["run_id"] in listed.output
+
+
+def test_bench_needs_a_known_host():
+    result = run(["make", "--no-print-directory", "bench", "host=nope"])
+    assert result.returncode != 0
+    assert "unknown host nope" in result.output
+    assert recap(result.output) == {}

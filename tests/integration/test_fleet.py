@@ -1,0 +1,149 @@
+"""A fleet of three sandbox rigs (sandbox, sandbox-mtp and a third, sandbox-3): rolling provision, the status
+table, the lock file, a broken rig stopping the rollout while the others keep serving, a rebuild that reproduces
+its lock entry, and the drift check before and after a hand edit on a rig."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import recap, run
+
+FLEET = ["sandbox", "sandbox-mtp", "sandbox-3"]
+URLS = {"sandbox": 18080, "sandbox-mtp": 18081, "sandbox-3": 18082}
+UNIT = "/etc/systemd/system/rigkit-llama-main.service"
+INVENTORY = "inventory/hosts.yml,tests/integration/inventories/rollout"
+BROKEN_INVENTORY = "inventory/hosts.yml,tests/integration/inventories/rollout-broken"
+PROVISION_PLAY = "PLAY [Provision the rigs, one at a time]"
+
+
+def container(host: str) -> str:
+    return f"rigkit-{host}"
+
+
+def in_rig(host: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", "exec", container(host), *argv], capture_output=True, text=True, check=False)
+
+
+def health(host: str) -> str:
+    return in_rig(host, "curl", "-s", f"http://127.0.0.1:{URLS[host]}/health").stdout.strip()
+
+
+def make(target: str, *extra: str, inventory: str = INVENTORY, lock: Path, log: str):
+    return run(
+        ["make", "--no-print-directory", target, *extra],
+        log_name=log,
+        ANSIBLE_INVENTORY=inventory,
+        RIGKIT_LOCK_FILE=str(lock),
+    )
+
+
+def remove_third_rig() -> None:
+    subprocess.run(["docker", "rm", "-f", container("sandbox-3")], capture_output=True, check=False)
+    subprocess.run(
+        ["docker", "volume", "rm", "-f", f"{container('sandbox-3')}-docker"], capture_output=True, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(sandbox_provisioned, mtp_provisioned, tmp_path_factory):
+    """The three rigs provisioned as one fleet, the third from nothing."""
+    remove_third_rig()
+    lock = tmp_path_factory.mktemp("fleet") / "rigs.lock.json"
+    started = time.monotonic()
+    result = make("provision", f"host={','.join(FLEET)}", lock=lock, log="fleet-provision")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.tail(80)
+    yield {"lock": lock, "output": result.output, "seconds": elapsed}
+    remove_third_rig()
+
+
+def test_fleet_rolls_one_rig_at_a_time(fleet):
+    output = fleet["output"]
+    assert output.count(PROVISION_PLAY) == 3, "serial: 1 runs the provision play once per rig"
+    starts = [output.index(f"[{host}]", output.index(PROVISION_PLAY)) for host in FLEET]
+    assert starts == sorted(starts)
+    counts = recap(output)
+    assert all(counts[host]["failed"] == 0 for host in FLEET)
+    for host in FLEET:
+        assert health(host) == '{"status":"ok"}', host
+
+
+def test_lock_records_every_rig(fleet):
+    rigs = json.loads(fleet["lock"].read_text())["rigs"]
+    assert sorted(rigs) == sorted(FLEET)
+    for host, entry in rigs.items():
+        assert entry["image"]["llamacpp_commit"] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f", host
+        assert entry["image"]["tag"].startswith("rigkit/llama-server:b11312-0c1e570-cpu-"), host
+        assert entry["packages"]["docker.io"].startswith("20.10.24"), host
+        unit_sha = in_rig(host, "sha256sum", UNIT).stdout.split()[0]
+        assert entry["unit_sha256"] == unit_sha, host
+        assert len(entry["models"]["target"]["sha256"]) == 64, host
+    assert rigs["sandbox-3"]["models"] == rigs["sandbox-mtp"]["models"]
+
+
+def test_status_shows_all_three(fleet):
+    table = make("status", f"host={','.join(FLEET)}", lock=fleet["lock"], log="fleet-status")
+    assert table.returncode == 0, table.output
+    rows = {
+        line.split()[0]: line for line in table.output.splitlines() if line.split()[:1] and line.split()[0] in FLEET
+    }
+    assert sorted(rows) == sorted(FLEET)
+    for line in rows.values():
+        assert " yes " in line and "b11312-0c1e570" in line and "(verified)" in line and "active" in line, line
+    as_json = make("status", f"host={','.join(FLEET)}", "json=1", lock=fleet["lock"], log="fleet-status-json")
+    data = json.loads(as_json.output[as_json.output.index("{") :])
+    assert all(data[host]["reachable"] for host in FLEET)
+    assert data["sandbox-3"]["deployed"]["server"]["ctx_per_slot"] == 512
+
+
+def test_broken_rig_stops_the_rollout_and_the_others_keep_serving(fleet):
+    third_unit = in_rig("sandbox-3", "cat", UNIT).stdout
+    mtp_unit = in_rig("sandbox-mtp", "cat", UNIT).stdout
+    result = make(
+        "provision", f"host={','.join(FLEET)}", inventory=BROKEN_INVENTORY, lock=fleet["lock"], log="fleet-broken"
+    )
+    assert result.returncode != 0
+    assert "llama_server_ctx_size" in result.output
+    counts = recap(result.output)
+    assert counts["sandbox"]["failed"] == 0 and counts["sandbox"]["changed"] == 0
+    assert counts["sandbox-mtp"]["failed"] == 1
+    assert result.output.count(PROVISION_PLAY) == 2, "the rollout stops at the broken rig"
+    # the broken rig's server was never touched; the rig after it kept its old draft length
+    assert in_rig("sandbox-mtp", "cat", UNIT).stdout == mtp_unit
+    assert in_rig("sandbox-3", "cat", UNIT).stdout == third_unit
+    assert "--spec-draft-n-max 2" in re.sub(r'[\s\\"]+', " ", third_unit)
+    for host in FLEET:
+        assert health(host) == '{"status":"ok"}', host
+
+
+def test_rebuild_reproduces_the_lock_entry(fleet):
+    before = json.loads(fleet["lock"].read_text())["rigs"]["sandbox-3"]
+    started = time.monotonic()
+    result = make("rebuild", "host=sandbox-3", lock=fleet["lock"], log="fleet-rebuild")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.tail(80)
+    assert "Remove the models directory" in result.output and "Remove the image from the rig" in result.output
+    assert "sandbox-3 reproduced its lock entry" in result.output
+    after = json.loads(fleet["lock"].read_text())["rigs"]["sandbox-3"]
+    assert {k: v for k, v in after.items() if k != "image"} == {k: v for k, v in before.items() if k != "image"}
+    assert after["image"]["tag"] == before["image"]["tag"]
+    assert health("sandbox-3") == '{"status":"ok"}'
+    print(f"rebuild of sandbox-3: {elapsed:.0f} s")
+
+
+def test_check_finds_no_drift_then_the_hand_edit(fleet):
+    clean = make("check", "host=sandbox-3", lock=fleet["lock"], log="fleet-check-clean")
+    assert clean.returncode == 0, clean.tail(60)
+    assert "sandbox-3: no drift" in clean.output
+    in_rig("sandbox-3", "sh", "-c", f"echo '# edited by hand' >> {UNIT}")
+    drifted = make("check", "host=sandbox-3", lock=fleet["lock"], log="fleet-check-drift")
+    assert drifted.returncode == 2, drifted.tail(60)
+    summary = drifted.output[drifted.output.index("rigkit drift summary:") :]
+    assert "sandbox-3: DRIFT" in summary and "Write the unit" in summary
+    assert "# edited by hand" in drifted.output  # the diff shows what differs

@@ -1,0 +1,92 @@
+"""GPU checks on a real rig, expectations from its inventory (rig_gpu, nvidia_driver_version):
+
+    pytest tests/rig/test_nvidia.py --hosts='ansible://gpu_rigs' --ansible-inventory=inventory/hosts.yml
+
+A host without /dev/nvidiactl (a sandbox, CI's containers) skips every check with the reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.support import REPO
+
+DRIVER_DEFAULTS = yaml.safe_load((REPO / "roles/nvidia_driver/defaults/main.yml").read_text())
+QUERY = "nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --format=csv,noheader,nounits"
+
+
+@pytest.fixture(scope="module")
+def gpu_rig(host):
+    hostvars = host.ansible.get_variables()
+    name = hostvars.get("inventory_hostname", host.backend.get_hostname())
+    if not host.file("/dev/nvidiactl").exists:
+        pytest.skip(f"no NVIDIA GPU on {name}: /dev/nvidiactl is absent (container or no driver loaded)")
+    return host, hostvars
+
+
+def setting(hostvars: dict, key: str):
+    return hostvars.get(key, DRIVER_DEFAULTS[key])
+
+
+def query(host) -> list[str]:
+    return [field.strip() for field in host.check_output(QUERY).splitlines()[0].split(",")]
+
+
+def test_nvidia_smi_answers_with_the_pinned_driver(gpu_rig):
+    host, hostvars = gpu_rig
+    assert query(host)[3] == str(setting(hostvars, "nvidia_driver_version"))
+
+
+def test_gpu_matches_rig_gpu(gpu_rig):
+    host, hostvars = gpu_rig
+    expected = hostvars.get("rig_gpu") or {}
+    if not expected:
+        pytest.skip("rig_gpu is not set for this host")
+    name, memory, compute_cap, _ = query(host)
+    assert name == expected["name"]
+    assert abs(int(memory) - int(expected["vram_mib"])) <= int(setting(hostvars, "nvidia_driver_vram_tolerance_mib"))
+    assert compute_cap == str(expected["compute_capability"])
+
+
+def test_loaded_module_is_the_pinned_version(gpu_rig):
+    host, hostvars = gpu_rig
+    assert host.file("/sys/module/nvidia/version").content_string.strip() == str(
+        setting(hostvars, "nvidia_driver_version")
+    )
+
+
+def test_dkms_status_clean(gpu_rig):
+    host, _ = gpu_rig
+    if not host.exists("dkms"):
+        pytest.skip("no DKMS on this rig (prebuilt kernel modules)")
+    lines = [line for line in host.check_output("dkms status").splitlines() if "nvidia" in line]
+    assert lines, "dkms knows no NVIDIA module"
+    kernel = host.check_output("uname -r")
+    assert any(kernel in line and ": installed" in line for line in lines), lines
+    assert all(": installed" in line for line in lines), lines
+
+
+def test_nouveau_not_loaded(gpu_rig):
+    host, _ = gpu_rig
+    assert not host.file("/sys/module/nouveau").exists
+
+
+def test_driver_packages_held(gpu_rig):
+    host, hostvars = gpu_rig
+    version = str(setting(hostvars, "nvidia_driver_version"))
+    installed = host.check_output(
+        "dpkg-query -W -f '${Package} ${Version} ${Status}\\n' 'nvidia-*' 'libnvidia-*' 'libcuda1'"
+    )
+    driver = [line.split() for line in installed.splitlines() if f" {version}-" in line and line.endswith("installed")]
+    assert driver, f"no package at {version}"
+    assert all(fields[2] == "hold" for fields in driver), driver
+
+
+def test_container_sees_the_gpu_through_cdi(gpu_rig):
+    host, hostvars = gpu_rig
+    if not host.file("/etc/cdi/nvidia.yaml").exists:
+        pytest.skip("no CDI spec (/etc/cdi/nvidia.yaml): the NVIDIA container toolkit is not set up on this rig")
+    image = hostvars.get("nvidia_container_toolkit_test_image", "ubuntu:24.04")
+    out = host.check_output(f"docker run --rm --device nvidia.com/gpu=all {image} nvidia-smi -L")
+    assert out.startswith("GPU 0:")

@@ -1,0 +1,181 @@
+"""The lock file's entries and updates, and the status table's rows, from rig_deployed answers shaped like the
+real ones (tests/integration/test_fleet.py reads them back from real rigs)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.fleet_status import render, rows
+from ansible.module_utils.rig_lock import LockError, differences, entry_from_deployed, read_lock, update_lock
+
+REPO = Path(__file__).resolve().parents[2]
+SHA = "ab" * 32
+
+
+def deployed(**changes) -> dict:
+    answer = {
+        "packages": {"docker.io": {"version": "20.10.24+dfsg1-1+deb12u1+b6", "held": True}},
+        "gpu": None,
+        "image": {
+            "tag": "rigkit/llama-server:b11312-0c1e570-cpu-4bdc9a9447ec",
+            "id": "sha256:" + "0" * 64,
+            "llamacpp_commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+            "llamacpp_build_number": "11312",
+            "source_sha256": SHA,
+            "cuda": "OFF",
+            "cuda_architectures": "",
+            "build_base_image": "rigkit/debian:bookworm-15984584e4be",
+            "runtime_base_image": "rigkit/debian:bookworm-15984584e4be",
+        },
+        "container": {"image_id": "sha256:" + "0" * 64, "image": "x", "running": True, "health": "healthy"},
+        "unit": {"active": "active", "sub": "running", "uptime_s": 3725.0, "path": "/etc/x", "sha256": SHA},
+        "models": {
+            "target": {"name": "tiny-gemma4-target", "path": "/m/t.gguf", "sha256": SHA, "verified": True},
+            "drafter": {"name": "tiny-gemma4-assistant", "path": "/m/d.gguf", "sha256": SHA, "verified": True},
+        },
+        "server": {
+            "answers": True,
+            "build_info": "b11312-0c1e570",
+            "slots": 1,
+            "ctx_per_slot": 1024,
+            "speculative": True,
+            "spec_types": "none,draft-mtp",
+            "tokens_predicted": 100,
+            "decode_tps": 41.5,
+            "drafted_tokens": 90,
+            "accepted_tokens": 9,
+            "acceptance": 0.1,
+        },
+    }
+    answer.update(changes)
+    return answer
+
+
+# ---------------------------------------------------------------------------------------------- lock
+def test_entry_holds_the_pinned_inputs_only():
+    entry = entry_from_deployed(deployed())
+    assert sorted(entry) == ["gpu", "image", "models", "packages", "unit_sha256"]
+    assert entry["packages"] == {"docker.io": "20.10.24+dfsg1-1+deb12u1+b6"}
+    assert entry["models"]["target"] == {"name": "tiny-gemma4-target", "sha256": SHA}
+    assert "uptime" not in json.dumps(entry) and "build_info" not in json.dumps(entry)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"image": None}, "image is not on the rig"),
+        ({"unit": {"sha256": None}}, "unit file is missing"),
+        (
+            {"models": {"target": {"name": "t", "path": "/m", "sha256": SHA, "verified": False}}},
+            "target model t on the rig is not the verified file",
+        ),
+    ],
+)
+def test_entry_refuses_a_rig_that_is_not_provisioned(change, message):
+    with pytest.raises(LockError, match=message):
+        entry_from_deployed(deployed(**change))
+
+
+def test_differences_keep_the_image_id_informational():
+    before = entry_from_deployed(deployed())
+    rebuilt = deployed()
+    rebuilt["image"] = {**rebuilt["image"], "id": "sha256:" + "1" * 64}
+    lines, info = differences(before, entry_from_deployed(rebuilt))
+    assert lines == [] and info == [f"image.id: sha256:{'0' * 64} -> sha256:{'1' * 64}"]
+    upgraded = deployed(packages={"docker.io": {"version": "20.10.25", "held": True}})
+    lines, _ = differences(before, entry_from_deployed(upgraded))
+    assert lines == ["packages.docker.io: 20.10.24+dfsg1-1+deb12u1+b6 -> 20.10.25"]
+
+
+def test_update_records_replaces_and_reports_the_previous_entry(tmp_path):
+    lock = tmp_path / "rigs.lock.json"
+    entry = entry_from_deployed(deployed())
+    assert update_lock(str(lock), "a", entry) is None
+    assert update_lock(str(lock), "a", entry) == entry
+    text = lock.read_text()
+    assert json.loads(text)["rigs"] == {"a": entry}
+    assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"  # stable, reviewable bytes
+
+
+def test_check_mode_writes_nothing(tmp_path):
+    lock = tmp_path / "rigs.lock.json"
+    update_lock(str(lock), "a", entry_from_deployed(deployed()), check_mode=True)
+    assert not lock.exists()
+
+
+def _write(path: str, host: str) -> None:
+    sys.path.insert(0, str(REPO / "module_utils"))
+    import ansible.module_utils
+
+    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+    from ansible.module_utils.rig_lock import update_lock as write
+
+    write(path, host, {"n": host})
+
+
+def test_parallel_writers_lose_no_entry(tmp_path):
+    lock = str(tmp_path / "rigs.lock.json")
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_write, args=(lock, f"rig{index}")) for index in range(12)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    assert sorted(read_lock(lock)) == sorted(f"rig{index}" for index in range(12))
+
+
+def test_a_foreign_file_is_refused(tmp_path):
+    lock = tmp_path / "rigs.lock.json"
+    lock.write_text("[1, 2]")
+    with pytest.raises(LockError, match="not a rigkit lock file"):
+        read_lock(str(lock))
+
+
+# ---------------------------------------------------------------------------------------------- status
+def status(**deployed_changes) -> dict:
+    return {
+        "reachable": True,
+        "error": "",
+        "kind": "sandbox",
+        "expected": {
+            "image": "rigkit/llama-server:b11312-0c1e570-cpu-4bdc9a9447ec",
+            "spec_type": "draft-mtp",
+            "draft_n_max": 3,
+            "ctx_size": 1024,
+            "parallel": 1,
+            "gpu": {},
+        },
+        "deployed": deployed(**deployed_changes),
+    }
+
+
+def test_status_row_for_a_healthy_rig():
+    (row,) = rows({"sandbox-mtp": status()})
+    cells = row["cells"]
+    assert cells["target"] == "tiny-gemma4-target (verified)"
+    assert cells["llama.cpp"] == "b11312-0c1e570"
+    assert cells["service"] == "active 1h02m (healthy)"
+    assert cells["draft/ctx"] == "3/1024x1"
+    assert cells["acceptance"] == "0.10 (9/90)"
+    assert cells["decode t/s"] == "41.5"
+    assert "!" not in render([row])
+
+
+def test_status_marks_what_differs_from_the_inventory():
+    off = status(server={**deployed()["server"], "speculative": False, "spec_types": "none"})
+    unverified = status(models={"target": {"name": "t", "path": "/m", "sha256": SHA, "verified": False}})
+    table = render(rows({"a": off, "b": unverified}))
+    assert "off/1024x1 !" in table
+    assert "t (UNVERIFIED!)" in table
+    assert "differs from what the inventory says" in table
+
+
+def test_status_keeps_unreachable_rigs_with_the_reason():
+    table = render(rows({"far": {"reachable": False, "error": "ssh: no route to host", "expected": {}}}))
+    _header, line, _, note, *_ = table.splitlines()
+    assert line.split()[:3] == ["far", "no", "unreachable"]
+    assert note == "far: ssh: no route to host"
