@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import recap, run
+from tests.support import ARTIFACTS, recap, run
 
 FLEET = ["sandbox", "sandbox-mtp", "sandbox-3"]
 URLS = {"sandbox": 18080, "sandbox-mtp": 18081, "sandbox-3": 18082}
@@ -43,6 +43,15 @@ def make(target: str, *extra: str, inventory: str = INVENTORY, lock: Path, log: 
     )
 
 
+def record_time(name: str, seconds: float) -> None:
+    """Wall times for the closing notes: .artifacts/fleet-times.json."""
+    path = ARTIFACTS / "fleet-times.json"
+    ARTIFACTS.mkdir(exist_ok=True)
+    times = json.loads(path.read_text()) if path.exists() else {}
+    times[name] = round(seconds, 1)
+    path.write_text(json.dumps(times, indent=1))
+
+
 def remove_third_rig() -> None:
     subprocess.run(["docker", "rm", "-f", container("sandbox-3")], capture_output=True, check=False)
     subprocess.run(
@@ -59,6 +68,7 @@ def fleet(sandbox_provisioned, mtp_provisioned, tmp_path_factory):
     result = make("provision", f"host={','.join(FLEET)}", lock=lock, log="fleet-provision")
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.tail(80)
+    record_time("provision 3 rigs (2 converged, 1 new)", elapsed)
     yield {"lock": lock, "output": result.output, "seconds": elapsed}
     remove_third_rig()
 
@@ -134,11 +144,13 @@ def test_rebuild_reproduces_the_lock_entry(fleet):
     assert {k: v for k, v in after.items() if k != "image"} == {k: v for k, v in before.items() if k != "image"}
     assert after["image"]["tag"] == before["image"]["tag"]
     assert health("sandbox-3") == '{"status":"ok"}'
-    print(f"rebuild of sandbox-3: {elapsed:.0f} s")
+    record_time("rebuild sandbox-3", elapsed)
 
 
 def test_check_finds_no_drift_then_the_hand_edit(fleet):
+    started = time.monotonic()
     clean = make("check", "host=sandbox-3", lock=fleet["lock"], log="fleet-check-clean")
+    record_time("check sandbox-3 (no drift)", time.monotonic() - started)
     assert clean.returncode == 0, clean.tail(60)
     assert "sandbox-3: no drift" in clean.output
     in_rig("sandbox-3", "sh", "-c", f"echo '# edited by hand' >> {UNIT}")
