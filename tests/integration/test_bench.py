@@ -108,7 +108,10 @@ def test_drafter_off_means_no_drafts_and_on_means_drafts(benched):
         else:
             assert all(count > 0 for count in drafted), cell
         for sample in cell["samples"]:
-            assert all(req["predicted_n"] == 16 for req in sample["requests"]), sample
+            # ignore_eos makes every request decode n_predict tokens, except that a JSON schema's grammar may
+            # complete first (the random-weight pair closes its JSON early now and then)
+            expected = range(1, 17) if cell["kind"] == "structured" else range(16, 17)
+            assert all(req["predicted_n"] in expected for req in sample["requests"]), sample
             assert sample["ttft_ms"] > 0 and sample["decode_tps_client"] > 0
 
 

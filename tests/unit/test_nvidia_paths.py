@@ -488,8 +488,9 @@ def test_rig_settings_for_the_nvidia_roles(inventory_hostvars):
 
 def test_provision_play_orders_the_nvidia_roles_with_gpu_conditions():
     plays = yaml.safe_load((REPO / "playbooks/provision.yml").read_text())
-    play = next(play for play in plays if play.get("name") == "Provision the rigs")
+    play = next(play for play in plays if play.get("name") == "Provision the rigs, one at a time")
     assert play["hosts"] == "rigs"
+    assert play["serial"] == 1 and play["max_fail_percentage"] == 0  # rolling: stop at the first failed rig
     assert [(entry["role"], entry.get("when")) for entry in play["roles"]] == [
         ("nvidia_driver", "rig_kind == 'gpu'"),  # before Docker: it may reboot the rig
         ("docker", None),
@@ -497,4 +498,5 @@ def test_provision_play_orders_the_nvidia_roles_with_gpu_conditions():
         ("cuda", "rig_kind == 'gpu' and rig_wants_cuda | default(false) | bool"),
         ("llamacpp_image", None),
         ("llama_server", None),
+        ("rig_lock", None),  # records what the rig runs once it is healthy
     ]
