@@ -6,7 +6,6 @@ inputs only). Nothing here changes the rig; every probe that cannot answer says 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -15,7 +14,7 @@ import time
 from typing import Any
 
 from ansible.module_utils.llama_server_api import Endpoint, ServerApiError, metrics
-from ansible.module_utils.model_fetch import verified_record
+from ansible.module_utils.model_fetch import sha256_file, verified_record
 
 # What makes up the NVIDIA stack and the container engine on a rig (the lock pins their versions).
 PACKAGE_PATTERN = re.compile(
@@ -67,9 +66,9 @@ def gpu() -> dict[str, Any] | None:
 
 
 def file_sha256(path: str) -> str | None:
+    """The file's sha256 (model_fetch's streaming hasher), None when it cannot be read."""
     try:
-        with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
+        return sha256_file(path)
     except OSError:
         return None
 

@@ -9,7 +9,6 @@ server is a local llama-server process restarted per setting instead of the llam
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -23,14 +22,7 @@ from tests.gpu.local_server import LocalLlamaServer, free_port, kit_module_utils
 workload = kit_module_utils("bench_workload")
 report_lib = kit_module_utils("bench_report")
 deployed = kit_module_utils("rig_deployed")
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+sha256 = kit_module_utils("model_fetch").sha256_file
 
 
 def main(argv: list[str] | None = None) -> int:
