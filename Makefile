@@ -25,7 +25,8 @@ setup: $(VENV)/.installed ## create the pinned virtualenv (idempotent)
 $(VENV)/.installed: requirements.txt
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if v == (3, 11) else "rigkit needs Python 3.11 (found %d.%d): set PYTHON=python3.11" % v)'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@echo "installing the pinned toolchain (requirements.txt) into $(VENV): a minute or two on a fresh machine"
+	$(BIN)/pip install --disable-pip-version-check --progress-bar off -r requirements.txt
 	touch $@
 
 hosts: setup ## list the rigs of the inventory
