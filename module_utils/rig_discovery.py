@@ -377,10 +377,11 @@ def catalog_meta(name: str, entry: dict[str, Any]) -> GgufMetadata:
     """
     shape = entry.get("shape")
     arch = entry.get("architecture")
-    if not isinstance(shape, dict) or not arch:
+    if not isinstance(shape, dict) or not arch or not {"weights_bytes", "gpu_weights_bytes"} <= set(shape):
         raise DiscoverError(
-            f"catalog entry {name} has no shape facts (shape: in inventory/group_vars/all/model_catalog.yml): "
-            "add its GGUF header facts there (see the other entries) so discover can size its context"
+            f"catalog entry {name} lacks shape facts (shape: with weights_bytes and gpu_weights_bytes, in "
+            "inventory/group_vars/all/model_catalog.yml): add its GGUF header facts there (see the other entries) "
+            "so discover can size its context"
         )
     kv: dict[str, Any] = {"general.architecture": arch}
     for key, value in shape.items():
@@ -601,7 +602,8 @@ def plan_profile(
         memory = f"VRAM ({budget:,} MiB)"
 
     comments["models_target"] = (
-        f"Models: the catalog pair for {rig_class} (module_utils/rig_discovery.py RIG_CLASSES; "
+        f"Models: the catalog pair for {rig_class} (module_utils/rig_discovery.py "
+        f"{'RIG_CLASSES' if kind == 'gpu' else 'CPU_PAIR, as inventory/host_vars/sandbox.yml'}; "
         "inventory/group_vars/all/model_catalog.yml)"
     )
     values["llama_server_ctx_size"] = ctx
@@ -617,7 +619,7 @@ def plan_profile(
         f"Draft length: {draft_n} for {rig_class} (the seed article's choices: 2 on 8 GB, 1 on 4 GB). Start here, "
         f"then make bench host={host} + make tune host={host}"
         if kind == "gpu"
-        else "Draft length: the sandbox's. Start here, then make bench + make tune"
+        else f"Draft length: the sandbox's. Start here, then make bench host={host} + make tune host={host}"
     )
     values["llama_server_flash_attn"] = pair[2]
     if kind == "cpu":

@@ -220,6 +220,11 @@ def test_catalog_shapes_estimate_like_the_header_only_gguf_files(tmp_path: Path)
             assert a.parts() == b.parts(), (settings, layers)
 
 
+def test_an_entry_without_shape_facts_says_what_to_add() -> None:
+    with pytest.raises(DiscoverError, match=r"lacks shape facts .* add its GGUF header facts there"):
+        catalog_meta("unsloth-gemma-4-E4B-it-Q4_K_M", CATALOG["unsloth-gemma-4-E4B-it-Q4_K_M"])
+
+
 def test_context_is_the_largest_that_fits_rounded_down_to_1024() -> None:
     """A CPU machine with 1.2 GB of RAM: the sandbox's pair fits, but not at its full 32k context."""
     written = plan(gathered(mem_kib=1200 * 1024), kind="cpu", max_ctx=32768)
@@ -447,3 +452,10 @@ def test_inventory_line_goes_under_its_group_once() -> None:
     assert list(data["gpu_rigs"]["hosts"]) == ["desktop3050", "laptop1650ti"]
     assert add_inventory_line(added, "newbox", "sandbox_rigs") == added
     assert add_inventory_line(hosts, "desktop3050", "gpu_rigs") == hosts
+
+
+def test_readme_adding_a_rig_starts_with_make_discover() -> None:
+    section = (REPO / "README.md").read_text().split("### Adding a rig\n", 1)[1].split("\n### ", 1)[0]
+    first_command = next(line for line in section.splitlines() if line.startswith("make "))
+    assert first_command.startswith("make discover host=")
+    assert section.index("make discover") < section.index("host_vars")
