@@ -552,7 +552,11 @@ def plan_profile(
         src = "nvidia-smi" if gpu.source == "nvidia-smi" else f"lspci (PCI {gpu.pci_id}) and the kit's PCI_GPUS table"
         vram_src = "given as vram=" if vram_override is not None else src
         if gpu.display_attached is None:
-            display = "unknown without a driver: assumed to drive the display (full desktop install)"
+            display = (
+                "unknown ("
+                + ("nvidia-smi says N/A" if gpu.source == "nvidia-smi" else "no driver to ask")
+                + "): assumed to drive the display (full desktop install)"
+            )
         elif gpu.source == "nvidia-smi":
             display = "nvidia-smi display_attached: " + ("yes" if gpu.display_attached else "no")
         elif gpu.display_attached:

@@ -333,6 +333,12 @@ def test_a_name_from_the_other_group_is_refused(inventory_copy: Path) -> None:
     assert "sandbox is already a rig of sandbox_rigs" in done.output and "pick another name" in done.output
 
 
+def test_an_address_that_could_be_an_option_is_refused(inventory_copy: Path) -> None:
+    for address in ("-oProxyCommand=touch /tmp/x", "docker:-it", "docker:"):
+        done = run(["python", "bin/rigkit", "discover", "--inventory-dir", str(inventory_copy), "--", "x", address])
+        assert done.returncode == 1 and "give a host name or IP address" in done.output, address
+
+
 def test_make_discover_needs_host_and_address() -> None:
     done = run(["make", "--no-print-directory", "discover", "host=x"])
     assert done.returncode == 2 and "usage: make discover host=NAME address=HOST" in done.output
