@@ -550,7 +550,7 @@ def plan_profile(
             "headless": not gpu.display_attached if gpu.display_attached is not None else False,
         }
         src = "nvidia-smi" if gpu.source == "nvidia-smi" else f"lspci (PCI {gpu.pci_id}) and the kit's PCI_GPUS table"
-        vram_src = "given as vram=" if vram_override is not None else src
+        vram_src = f"given as vram={vram_override}" if vram_override is not None else src
         if gpu.display_attached is None:
             display = (
                 "unknown ("
@@ -566,7 +566,8 @@ def plan_profile(
                 "a 3D controller (never drives a display)" if not facts.other_displays
                 else f"another VGA controller drives the display ({facts.other_displays[0]})"
             )  # fmt: skip
-        comments["rig_gpu"] = f"GPU from {src}; vram_mib from {vram_src}; headless from {display}" + (
+        sources = f"GPU and vram_mib from {src}" if vram_src == src else f"GPU from {src}; vram_mib {vram_src}"
+        comments["rig_gpu"] = f"{sources}; headless from {display}" + (
             f"; driver {gpu.driver_version} loaded now" if gpu.driver_version else "; no driver loaded now"
         )
         values["nvidia_driver_branch"] = branch
@@ -631,12 +632,23 @@ def plan_profile(
     elif pair[2] == "off":
         comments["llama_server_flash_attn"] = (
             "Flash attention: off, E4B with its drafter aborts in llama.cpp's CUDA flash-attention kernel "
-            "(the Unsloth entry's notes, shared/reference/llama-server-facts.md); try on with make bench once fixed"
+            "(the notes of the Unsloth E4B drafter in the catalog); try on with make bench once your llama.cpp pin "
+            "has the fix"
         )
     else:
         comments["llama_server_flash_attn"] = "Flash attention: on, as the seed article serves E2B (-fa 1)"
 
+    comments["llama_server_spec_type"] = (
+        "Speculative decoding: draft-mtp, the drafter is the target's gemma4-assistant (MTP) head"
+        if spec == "draft-mtp"
+        else "Speculative decoding: draft-simple, the target drafts for itself as a classic draft model"
+    )
     layers = "all" if kind == "gpu" else "0"
+    comments["llama_server_gpu_layers"] = (
+        "Offload: every layer of both models on the GPU (what the context estimate above assumes)"
+        if kind == "gpu"
+        else "Offload: none, a CPU rig (the estimate above counts everything against RAM)"
+    )
     values["llama_server_gpu_layers"] = layers
     values["llama_server_gpu_layers_draft"] = layers
     headline = (
@@ -708,13 +720,13 @@ def render_host_vars(profile: Profile) -> str:
     out += _wrap(c["models_target"])
     out += [f"models_target: {v['models_target']}", f"models_drafter: {v['models_drafter']}"]
     out += [*_wrap(c["llama_server_ctx_size"]), f"llama_server_ctx_size: {v['llama_server_ctx_size']}"]
-    out += [f"llama_server_spec_type: {v['llama_server_spec_type']}"]
+    out += [*_wrap(c["llama_server_spec_type"]), f"llama_server_spec_type: {v['llama_server_spec_type']}"]
     out += [
         *_wrap(c["llama_server_spec_draft_n_max"]),
         f"llama_server_spec_draft_n_max: {v['llama_server_spec_draft_n_max']}",
     ]
     out += [*_wrap(c["llama_server_flash_attn"]), f"llama_server_flash_attn: {_scalar(v['llama_server_flash_attn'])}"]
-    out += [f"llama_server_gpu_layers: {_scalar(v['llama_server_gpu_layers'])}"]
+    out += [*_wrap(c["llama_server_gpu_layers"]), f"llama_server_gpu_layers: {_scalar(v['llama_server_gpu_layers'])}"]
     out += [f"llama_server_gpu_layers_draft: {_scalar(v['llama_server_gpu_layers_draft'])}"]
     del f
     return "\n".join(out) + "\n"
