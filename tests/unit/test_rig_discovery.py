@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -342,6 +343,19 @@ def test_an_address_that_could_be_an_option_is_refused(inventory_copy: Path) -> 
 def test_make_discover_needs_host_and_address() -> None:
     done = run(["make", "--no-print-directory", "discover", "host=x"])
     assert done.returncode == 2 and "usage: make discover host=NAME address=HOST" in done.output
+    script = run(["python", "bin/rigkit", "discover", "--print-script"])
+    assert script.returncode == 0 and script.output.startswith("echo '@@os-release'")
+    assert run(["python", "bin/rigkit", "discover", "x"]).returncode == 2
+
+
+def test_the_gather_script_reads_this_machine() -> None:
+    """The script itself, run by a real sh on this machine (a CPU-only VM): every section parses."""
+    from ansible.module_utils.rig_discovery import GATHER_SCRIPT
+
+    done = subprocess.run(["sh", "-s"], input=GATHER_SCRIPT, capture_output=True, text=True, check=True)
+    facts = parse_gather(done.stdout)
+    assert facts.os_id and facts.kernel and facts.cpu_cores >= 1 and facts.mem_mib > 0 and facts.disk_free_mib > 0
+    assert facts.secure_boot != "unknown" and facts.cpu_model != "unknown"
 
 
 # ------------------------------------------------------------------------------------------ bad input
