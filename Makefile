@@ -15,7 +15,7 @@ VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle
+.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -31,6 +31,10 @@ $(VENV)/.installed: requirements.txt
 
 hosts: setup ## list the rigs of the inventory
 	@$(BIN)/python bin/rigkit hosts
+
+discover: setup ## write a rig's host profile from the machine: make discover host=NAME address=HOST|docker:CONTAINER [user=USER] [force=1]
+	@$(if $(and $(filter command line,$(origin host)),$(address)),true,echo 'usage: make discover host=NAME address=HOST [user=USER] [force=1] [vram=MIB] [max_ctx=N] (address=docker:CONTAINER for a sandbox rig)' >&2; exit 2)
+	@$(BIN)/python bin/rigkit discover '$(host)' '$(address)' $(if $(user),--user '$(user)',) $(if $(filter 1 yes true,$(force)),--force,) $(if $(vram),--vram '$(vram)',) $(if $(max_ctx),--max-ctx '$(max_ctx)',) $(if $(port),--port '$(port)',) $(ARGS)
 
 provision: setup ## converge one rig: make provision host=NAME (default: the sandbox)
 	@$(BIN)/python bin/rigkit check-host '$(host)'

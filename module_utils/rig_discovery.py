@@ -1,0 +1,756 @@
+"""`make discover`: turn what a machine reports about itself into a commented host profile.
+
+Pure functions on command outputs (tested on canned outputs in tests/unit/test_rig_discovery.py); bin/rigkit
+runs the read-only commands (GATHER_SCRIPT) over SSH or `docker exec` and writes the result.
+
+    facts = parse_gather(text)                           # sections of GATHER_SCRIPT's output
+    profile = plan_profile(facts, catalog, kind="gpu")   # raises DiscoverError with what to do next
+    render_host_vars(profile)                            # inventory/host_vars/NAME.yml, every value commented
+
+The context is the largest that fits by module_utils/server_preflight.py's memory model (the preflight the
+llama_server role runs on the rig), fed with the shape facts catalog entries carry (`shape:`), never with
+numbers of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ansible.module_utils.gguf_metadata import GgufMetadata, GgufTensorInfo, GgufValueType
+from ansible.module_utils.server_preflight import estimate_memory, largest_fitting_ctx
+
+__all__ = [
+    "GATHER_SCRIPT",
+    "PCI_GPUS",
+    "DiscoverError",
+    "Facts",
+    "Gpu",
+    "Profile",
+    "catalog_meta",
+    "parse_gather",
+    "parse_lspci",
+    "parse_nvidia_smi",
+    "plan_profile",
+    "render_host_vars",
+]
+
+MODELS_DIR = "/var/lib/rigkit/models"  # roles/models default (models_dir)
+SMI_FIELDS = "name,memory.total,compute_cap,driver_version"
+# nvidia-smi calls the display column display_attached from driver 565 (Yes/No), display_mode before (Enabled/
+# Disabled); an unknown field fails the whole query, so the script asks the new name first, then the old one.
+GATHER_SCRIPT = f"""\
+echo '@@os-release'; cat /etc/os-release 2>/dev/null
+echo '@@kernel'; uname -r; uname -m
+echo '@@secure-boot'
+if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; \
+elif [ -d /sys/firmware/efi ]; then \
+f=$(ls /sys/firmware/efi/efivars/SecureBoot-* 2>/dev/null | head -n 1); \
+if [ -n "$f" ]; then echo "efivar $(od -An -tu1 -j4 -N1 "$f" | tr -d ' ')"; \
+else echo 'efi without SecureBoot variable'; fi; \
+else echo 'no EFI (legacy BIOS boot)'; fi
+echo '@@cpuinfo'; cat /proc/cpuinfo
+echo '@@nproc'; nproc
+echo '@@meminfo'; cat /proc/meminfo
+echo '@@df'; d={MODELS_DIR}; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; echo "$d"; df -Pk "$d"
+echo '@@nvidia-smi'
+if command -v nvidia-smi >/dev/null 2>&1; then \
+if out=$(nvidia-smi --query-gpu={SMI_FIELDS},display_attached --format=csv,noheader,nounits 2>&1); then echo "$out"; \
+elif out=$(nvidia-smi --query-gpu={SMI_FIELDS},display_mode --format=csv,noheader,nounits 2>&1); then echo "$out"; \
+else echo "$out"; echo '@@failed'; fi; else echo '@@absent'; fi
+echo '@@lspci'
+if command -v lspci >/dev/null 2>&1; then lspci -nn 2>&1; else echo '@@absent'; fi
+echo '@@end'
+"""
+
+NVIDIA_VENDOR = "10de"
+
+
+class DiscoverError(Exception):
+    """What was found, and what to do next."""
+
+
+# ---------------------------------------------------------------------------------------------- PCI table
+@dataclass(frozen=True)
+class PciGpu:
+    name: str  # as nvidia-smi names it
+    vram_mib: tuple[int, ...]  # several: the ID is shared by memory variants
+    compute_capability: str
+
+
+# Device IDs of vendor 10de from the PCI ID database (pci-ids.ucw.cz, the names `lspci` prints); memory sizes
+# and compute capabilities from NVIDIA's product pages and its CUDA GPU list (developer.nvidia.com/cuda-gpus).
+# An ID with several memory sizes lists them all: discover then asks for vram=MIB.
+PCI_GPUS: dict[str, PciGpu] = {
+    "1c82": PciGpu("NVIDIA GeForce GTX 1050 Ti", (4096,), "6.1"),
+    "1f82": PciGpu("NVIDIA GeForce GTX 1650", (4096,), "7.5"),
+    "1f95": PciGpu("NVIDIA GeForce GTX 1650 Ti", (4096,), "7.5"),  # TU117M, the laptop chip
+    "1e89": PciGpu("NVIDIA GeForce RTX 2060", (6144,), "7.5"),
+    "1f08": PciGpu("NVIDIA GeForce RTX 2060", (6144,), "7.5"),  # TU106 Rev. A
+    "1f03": PciGpu("NVIDIA GeForce RTX 2060 12GB", (12288,), "7.5"),
+    "2507": PciGpu("NVIDIA GeForce RTX 3050", (8192,), "8.6"),
+    "2508": PciGpu("NVIDIA GeForce RTX 3050 OEM", (8192,), "8.6"),
+    "2582": PciGpu("NVIDIA GeForce RTX 3050", (8192,), "8.6"),
+    "2503": PciGpu("NVIDIA GeForce RTX 3060", (12288,), "8.6"),
+    "2504": PciGpu("NVIDIA GeForce RTX 3060", (12288,), "8.6"),  # Lite Hash Rate
+    "2487": PciGpu("NVIDIA GeForce RTX 3060", (8192, 12288), "8.6"),  # GA104: 8 GB and 12 GB boards
+    "2484": PciGpu("NVIDIA GeForce RTX 3070", (8192,), "8.6"),
+    "2206": PciGpu("NVIDIA GeForce RTX 3080", (10240, 12288), "8.6"),
+    "2204": PciGpu("NVIDIA GeForce RTX 3090", (24576,), "8.6"),
+    "2882": PciGpu("NVIDIA GeForce RTX 4060", (8192,), "8.9"),
+    "2803": PciGpu("NVIDIA GeForce RTX 4060 Ti", (8192, 16384), "8.9"),
+    "2786": PciGpu("NVIDIA GeForce RTX 4070", (12288,), "8.9"),
+    "2782": PciGpu("NVIDIA GeForce RTX 4070 Ti", (12288,), "8.9"),
+    "2684": PciGpu("NVIDIA GeForce RTX 4090", (24576,), "8.9"),
+}
+
+# ---------------------------------------------------------------------------------------------- driver plans
+# What each supported OS carries (roles/nvidia_driver/vars and README; the versions the role's tests pin):
+# (branch, version, where it comes from). Every branch here serves Maxwell (5.0) and newer, and the llama.cpp
+# image's CUDA 12 runtime (which wants >= 535).
+DRIVER_PLANS: dict[tuple[str, str], tuple[str, str, str]] = {
+    ("debian", "12"): ("535", "535.261.03", "Debian 12's non-free archive carries branch 535 only"),
+    ("debian", "13"): ("550", "550.163.01", "Debian 13's non-free archive carries branch 550 only"),
+    ("ubuntu", "22.04"): ("580", "580.95.05", "Canonical's -server packages (restricted), branch 580"),
+    ("ubuntu", "24.04"): ("580", "580.95.05", "Canonical's -server packages (restricted), branch 580"),
+}
+MIN_COMPUTE_CAPABILITY = (5, 0)  # Maxwell: the oldest these branches and CUDA 12 support
+OPEN_MODULES_MIN = (7, 5)  # open kernel modules: Turing and newer
+
+# ---------------------------------------------------------------------------------------------- rig classes
+# The seed article's rigs (shared/seeds/000): E2B exact Q4_0 + its exact drafter, draft length 2 on the 8 GB
+# RTX 3050 desktop and 1 on the 4 GB GTX 1650 Ti laptop. Larger cards start on the E4B exact pair (same
+# builder, same drafter design); E4B with its drafter runs with flash attention off (llama-server-facts.md:
+# the CUDA flash-attention kernel aborts). (upper VRAM bound MiB, class, target, drafter, flash_attn, draft n)
+VRAM_SLACK_MIB = 512  # nvidia-smi reports a little more or less than the box says (the role's verify tolerance)
+E2B = ("gemma-4-E2B-it-qat-q4_0-exact", "gemma-4-E2B-it-qat-assistant-q4_0-exact", "on")
+E4B = ("gemma-4-E4B-it-qat-q4_0-exact", "gemma-4-E4B-it-qat-assistant-q4_0-exact", "off")
+RIG_CLASSES: tuple[tuple[int, str, tuple[str, str, str], int], ...] = (
+    (4096 + VRAM_SLACK_MIB, "a 4 GB card like the seed's GTX 1650 Ti laptop", E2B, 1),
+    (8192 + VRAM_SLACK_MIB, "an 8 GB card like the seed's RTX 3050 desktop", E2B, 2),
+    (1 << 30, "a card larger than the seed's 8 GB", E4B, 2),
+)
+# A CPU rig is the sandbox's configuration (inventory/host_vars/sandbox.yml): the real Gemma 3 270M drafting
+# for itself with draft-simple.
+CPU_PAIR = ("gemma-3-270m-it-q4_k_m", "gemma-3-270m-it-q4_k_m", "off")
+CPU_DRAFT_N = 4
+DEFAULT_MAX_CTX = {"gpu": 8192, "cpu": 2048}  # the seed article's context; the sandbox's
+SUPPORTED = ", ".join(f"{d.capitalize()} {v}" for d, v in DRIVER_PLANS)
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+@dataclass
+class Gpu:
+    name: str
+    vram_mib: int | None  # None: several variants, ask the user
+    compute_capability: str
+    source: str  # "nvidia-smi" or "lspci"
+    display_attached: bool | None = None
+    driver_version: str | None = None
+    pci_id: str | None = None
+    vram_choices: tuple[int, ...] = ()
+
+
+@dataclass
+class Facts:
+    os_id: str = ""
+    os_version: str = ""
+    os_pretty: str = ""
+    os_codename: str = ""
+    kernel: str = ""
+    arch: str = ""
+    secure_boot: str = "unknown"
+    cpu_model: str = ""
+    cpu_cores: int = 0
+    mem_mib: int = 0
+    disk_path: str = ""
+    disk_free_mib: int = 0
+    gpus: list[Gpu] = field(default_factory=list)
+    other_displays: list[str] = field(default_factory=list)  # non-NVIDIA VGA controllers (an iGPU)
+    nvidia_smi: str = "absent"  # absent | failed | ok
+    lspci: str = "absent"  # absent | ok
+    unknown_nvidia: list[str] = field(default_factory=list)  # lspci lines of NVIDIA GPUs not in PCI_GPUS
+    notes: list[str] = field(default_factory=list)  # worth saying, not stopping
+
+
+def sections(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    name = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("@@") and line[2:] not in ("absent", "failed"):
+            if name is not None:
+                out[name] = "\n".join(lines)
+            name, lines = line[2:].strip(), []
+        elif name is not None:
+            lines.append(line)
+    if name is not None:
+        out[name] = "\n".join(lines)
+    return out
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip().strip('"').strip("'")
+    return values
+
+
+def parse_secure_boot(text: str) -> str:
+    lowered = text.lower()
+    if "secureboot enabled" in lowered or lowered.strip() == "efivar 1":
+        return "enabled"
+    if "secureboot disabled" in lowered or lowered.strip() == "efivar 0":
+        return "disabled"
+    if "not supported" in lowered or "no efi" in lowered:
+        return "not available (no EFI)"
+    if "without secureboot variable" in lowered:
+        return "not available (EFI without a SecureBoot variable)"
+    return "unknown"
+
+
+def parse_cpuinfo(text: str) -> str:
+    for key in ("model name", "Hardware", "Model", "cpu model"):
+        for line in text.splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == key and value.strip():
+                return " ".join(value.split())
+    return "unknown"
+
+
+def parse_meminfo(text: str) -> int:
+    """MemTotal in MiB (what Ansible's memtotal_mb reports)."""
+    match = re.search(r"^MemTotal:\s+(\d+)\s+kB", text, re.MULTILINE)
+    return int(match.group(1)) // 1024 if match else 0
+
+
+def parse_df(text: str) -> tuple[str, int]:
+    """(the existing directory models will live under, free MiB) from `echo DIR; df -Pk DIR`."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 3:
+        return (lines[0] if lines else ""), 0
+    fields = lines[-1].split()
+    return lines[0], int(fields[3]) // 1024 if len(fields) >= 4 and fields[3].isdigit() else 0
+
+
+def _display(value: str) -> bool | None:
+    text = value.strip().lower()
+    if text in ("yes", "enabled", "1", "true"):
+        return True
+    if text in ("no", "disabled", "0", "false"):
+        return False
+    return None
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """Rows of `nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version,display_attached
+    --format=csv,noheader,nounits`; a line that is not such a row (an error message) is a DiscoverError."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = [part.strip() for part in line.split(",")]
+        if len(fields) != 5 or not fields[1].isdigit() or not re.fullmatch(r"\d+\.\d+", fields[2]):
+            raise DiscoverError(
+                f"nvidia-smi answered {line.strip()!r} instead of GPU rows: the driver is installed but not "
+                "working (a kernel/driver mismatch after an upgrade, or Secure Boot refusing the module). Reboot "
+                "the machine or fix the driver, then run make discover again"
+            )
+        gpus.append(
+            Gpu(
+                name=fields[0],
+                vram_mib=int(fields[1]),
+                compute_capability=fields[2],
+                source="nvidia-smi",
+                display_attached=_display(fields[4]),
+                driver_version=fields[3] or None,
+            )
+        )
+    return gpus
+
+
+LSPCI_RE = re.compile(
+    r"^(?P<slot>\S+)\s+(?P<cls>[^\[]+?)\s+\[(?P<code>03[0-9a-f]{2})\]:\s+(?P<desc>.*?)\s+"
+    r"\[(?P<vendor>[0-9a-f]{4}):(?P<device>[0-9a-f]{4})\]",
+    re.IGNORECASE,
+)
+
+
+def parse_lspci(text: str) -> tuple[list[Gpu], list[str], list[str]]:
+    """(known NVIDIA GPUs, unknown NVIDIA display controllers, other display controllers) from `lspci -nn`.
+
+    Without a driver nothing says whether a display hangs off the card: a 3D controller (class 0302) never
+    drives one, and a VGA controller is taken to drive the display unless another VGA controller (an iGPU)
+    is present, which is how laptops and most desktops with a second card are wired.
+    """
+    known: list[Gpu] = []
+    unknown: list[str] = []
+    others: list[str] = []
+    nvidia_vga: list[Gpu] = []
+    for line in text.splitlines():
+        match = LSPCI_RE.match(line.strip())
+        if not match:
+            continue
+        vendor, device = match["vendor"].lower(), match["device"].lower()
+        if vendor != NVIDIA_VENDOR:
+            if match["code"] == "0300":
+                others.append(f"{match['desc']} [{vendor}:{device}]")
+            continue
+        entry = PCI_GPUS.get(device)
+        if entry is None:
+            unknown.append(line.strip())
+            continue
+        gpu = Gpu(
+            name=entry.name,
+            vram_mib=entry.vram_mib[0] if len(entry.vram_mib) == 1 else None,
+            compute_capability=entry.compute_capability,
+            source="lspci",
+            display_attached=False if match["code"] == "0302" else None,
+            pci_id=f"{vendor}:{device}",
+            vram_choices=entry.vram_mib,
+        )
+        known.append(gpu)
+        if match["code"] == "0300":
+            nvidia_vga.append(gpu)
+    for gpu in nvidia_vga:
+        gpu.display_attached = not others
+    return known, unknown, others
+
+
+def parse_gather(text: str) -> Facts:
+    """Facts from GATHER_SCRIPT's output."""
+    part = sections(text)
+    if "end" not in part:
+        raise DiscoverError(
+            "the machine's answer stopped early (no @@end marker): it needs a POSIX shell with cat, uname, df and "
+            "nproc; the output was:\n" + text[-2000:]
+        )
+    osr = parse_os_release(part.get("os-release", ""))
+    kernel = part.get("kernel", "").split()
+    disk_path, disk_free = parse_df(part.get("df", ""))
+    facts = Facts(
+        os_id=osr.get("ID", "").lower(),
+        os_version=osr.get("VERSION_ID", ""),
+        os_pretty=osr.get("PRETTY_NAME", "unknown"),
+        os_codename=osr.get("VERSION_CODENAME", ""),
+        kernel=kernel[0] if kernel else "",
+        arch=kernel[1] if len(kernel) > 1 else "",
+        secure_boot=parse_secure_boot(part.get("secure-boot", "")),
+        cpu_model=parse_cpuinfo(part.get("cpuinfo", "")),
+        cpu_cores=int(part.get("nproc", "0").strip() or 0) if part.get("nproc", "").strip().isdigit() else 0,
+        mem_mib=parse_meminfo(part.get("meminfo", "")),
+        disk_path=disk_path,
+        disk_free_mib=disk_free,
+    )
+    smi = part.get("nvidia-smi")
+    raw = text.split("@@nvidia-smi", 1)[1].split("@@lspci", 1)[0] if "@@nvidia-smi" in text else ""
+    if "@@absent" in raw:
+        facts.nvidia_smi = "absent"
+    elif "@@failed" in raw:
+        facts.nvidia_smi = "failed"
+        said = " / ".join(line.strip() for line in (smi or "").splitlines() if line.strip() and "@@" not in line)
+        facts.notes.append(f"nvidia-smi is installed but failed ({said[:300]}): the GPU is read from lspci instead")
+    elif smi is not None:
+        facts.gpus = parse_nvidia_smi(smi)
+        facts.nvidia_smi = "ok"
+    lspci_raw = text.split("@@lspci", 1)[1].split("@@end", 1)[0] if "@@lspci" in text else ""
+    if "@@absent" not in lspci_raw:
+        facts.lspci = "ok"
+        known, unknown, others = parse_lspci(part.get("lspci", ""))
+        facts.other_displays = others
+        if facts.nvidia_smi != "ok":
+            facts.gpus, facts.unknown_nvidia = known, unknown
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------- memory model
+def catalog_meta(name: str, entry: dict[str, Any]) -> GgufMetadata:
+    """An in-memory GGUF header for a catalog entry, from its `shape:` facts, for server_preflight.
+
+    The keys are the GGUF's own (``<arch>.block_count``...). The weights are two tensors of the entry's byte
+    totals: ``output.weight`` holds what ``-ngl all`` puts on the GPU, ``token_embd.weight`` what stays in host
+    memory (the input embeddings), so the estimate is exact for every layer on the GPU and for the CPU (all of
+    them in RAM), the two placements discover plans.
+    """
+    shape = entry.get("shape")
+    arch = entry.get("architecture")
+    if not isinstance(shape, dict) or not arch or not {"weights_bytes", "gpu_weights_bytes"} <= set(shape):
+        raise DiscoverError(
+            f"catalog entry {name} lacks shape facts (shape: with weights_bytes and gpu_weights_bytes, in "
+            "inventory/group_vars/all/model_catalog.yml): add its GGUF header facts there (see the other entries) "
+            "so discover can size its context"
+        )
+    kv: dict[str, Any] = {"general.architecture": arch}
+    for key, value in shape.items():
+        if key not in ("weights_bytes", "gpu_weights_bytes"):
+            kv[f"{arch}.{key}"] = value
+    total, gpu = int(shape["weights_bytes"]), int(shape["gpu_weights_bytes"])
+    tensors = [GgufTensorInfo("output.weight", (gpu,), 24, 0)]  # ggml type 24: I8, one byte per element
+    if total > gpu:
+        tensors.append(GgufTensorInfo("token_embd.weight", (total - gpu,), 24, gpu))
+    return GgufMetadata(
+        path=f"{name} (catalog shape)",
+        version=3,
+        tensor_count=len(tensors),
+        kv=kv,
+        kv_types={
+            key: GgufValueType.STRING if isinstance(value, str) else GgufValueType.UINT32 for key, value in kv.items()
+        },
+        file_size=total,
+        tensors=tensors,
+        data_offset=0,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- profile
+@dataclass
+class Profile:
+    host: str
+    kind: str  # gpu | cpu
+    address: str
+    user: str | None
+    facts: Facts
+    values: dict[str, Any]
+    comments: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+    headline: str = ""
+
+
+def _cc(value: str) -> tuple[int, int]:
+    major, _, minor = value.partition(".")
+    return int(major), int(minor or 0)
+
+
+def _choose_gpu(facts: Facts, vram_override: int | None) -> Gpu:
+    if not facts.gpus:
+        if facts.unknown_nvidia:
+            lines = "\n  ".join(facts.unknown_nvidia)
+            raise DiscoverError(
+                f"found an NVIDIA GPU whose PCI ID is not in the kit's table (module_utils/rig_discovery.py "
+                f"PCI_GPUS) and no working driver to ask:\n  {lines}\nAdd its ID with name, memory sizes and "
+                "compute capability to PCI_GPUS, or install the driver (nvidia-smi) and run make discover again"
+            )
+        seen = "nvidia-smi absent" if facts.nvidia_smi == "absent" else f"nvidia-smi {facts.nvidia_smi}"
+        seen += ", lspci absent (install pciutils)" if facts.lspci == "absent" else ", lspci shows no NVIDIA GPU"
+        others = f" (display controllers: {'; '.join(facts.other_displays)})" if facts.other_displays else ""
+        raise DiscoverError(
+            f"found no NVIDIA GPU on this machine: {seen}{others}. A GPU rig needs one (check that the card is "
+            "seated and enabled in the firmware); for a CPU-only rig use a sandbox container (address=docker:NAME)"
+        )
+    gpu = facts.gpus[0]
+    if vram_override is not None:
+        gpu.vram_mib = vram_override
+    elif gpu.vram_mib is None:
+        choices = " or ".join(str(v) for v in gpu.vram_choices)
+        raise DiscoverError(
+            f"{gpu.name} (PCI {gpu.pci_id}) comes with {choices} MiB of memory and without a driver nothing says "
+            f"which: check the box or the card's label, then run make discover again with vram={gpu.vram_choices[0]}"
+            " (or the other size)"
+        )
+    return gpu
+
+
+def _headroom(defaults_text: str, kind: str) -> int:
+    """llama_server_memory_headroom_mib from roles/llama_server/defaults/main.yml ("{{ G if ... else C }}")."""
+    match = re.search(
+        r"^llama_server_memory_headroom_mib:\s*\"\{\{\s*(\d+)\s+if .* else (\d+)\s*\}\}\"", defaults_text, re.M
+    )
+    if not match:
+        raise DiscoverError(
+            "cannot read llama_server_memory_headroom_mib from roles/llama_server/defaults/main.yml (expected "
+            '"{{ GPU_MIB if ... else CPU_MIB }}"): update rig_discovery._headroom to its new form'
+        )
+    return int(match.group(1) if kind == "gpu" else match.group(2))
+
+
+def _fit(
+    catalog: dict[str, Any], pair: tuple[str, str, str], budget_mib: int, headroom_mib: int, *, gpu: bool, cap: int
+) -> tuple[int, int, Any] | None:
+    """(context, largest fitting context, estimate at that context) or None when not even 1,024 tokens fit."""
+    target, drafter, flash = pair
+    t_meta = catalog_meta(target, catalog.get(target, {}))
+    d_meta = catalog_meta(drafter, catalog.get(drafter, {}))
+    layers = "all" if gpu else 0
+    estimate = estimate_memory(
+        t_meta, d_meta, ctx_size=1024, parallel=1, flash_attn=flash, gpu_layers=layers, gpu_layers_draft=layers,
+        headroom_mib=headroom_mib,
+    )  # fmt: skip
+    best = largest_fitting_ctx(estimate, budget_mib)
+    if best is None or best < 1024:
+        return None
+    best = best // 1024 * 1024
+    ctx = min(best, cap)
+    return ctx, best, estimate.recompute(ctx_size=ctx)
+
+
+def plan_profile(
+    facts: Facts,
+    catalog: dict[str, Any],
+    *,
+    host: str,
+    address: str,
+    user: str | None,
+    kind: str,
+    llama_defaults: str,
+    vram_override: int | None = None,
+    max_ctx: int | None = None,
+) -> Profile:
+    """The host variables for this machine, each with where it came from."""
+    warnings: list[str] = list(facts.notes)
+    values: dict[str, Any] = {}
+    comments: dict[str, str] = {}
+    if facts.os_id not in ("debian", "ubuntu") or (facts.os_id, facts.os_version) not in DRIVER_PLANS:
+        raise DiscoverError(
+            f"the machine runs {facts.os_pretty or 'an unknown system'} (ID={facts.os_id or '?'}, VERSION_ID="
+            f"{facts.os_version or '?'}); the kit provisions {SUPPORTED}: install one of those, then run make "
+            "discover again"
+        )
+    headroom = _headroom(llama_defaults, kind)
+    cap = max_ctx or DEFAULT_MAX_CTX[kind]
+    if cap < 1024:
+        raise DiscoverError(f"max_ctx={cap} is below 1024 tokens: give a larger max_ctx")
+    where = "this machine's" if kind == "gpu" else "the container's"
+
+    if kind == "cpu":
+        if facts.gpus:
+            warnings.append(f"a sandbox rig runs on the CPU: the visible {facts.gpus[0].name} is not used")
+        budget = facts.mem_mib
+        fit = _fit(catalog, CPU_PAIR, budget, headroom, gpu=False, cap=cap)
+        if fit is None:
+            raise DiscoverError(
+                f"{budget} MiB of RAM cannot hold {CPU_PAIR[0]} with {headroom} MiB of headroom: give the machine "
+                "more memory"
+            )
+        ctx, best, estimate = fit
+        pair, draft_n, rig_class = CPU_PAIR, CPU_DRAFT_N, "a CPU rig like the sandbox"
+        values.update(models_target=pair[0], models_drafter=pair[1])
+        spec = "draft-simple"
+        memory = f"RAM ({budget:,} MiB MemTotal)"
+    else:
+        gpu = _choose_gpu(facts, vram_override)
+        if len(facts.gpus) > 1:
+            warnings.append(
+                f"{len(facts.gpus)} NVIDIA GPUs found; the profile is for the first ({gpu.name}), the server uses "
+                "all of them with llama.cpp's default split"
+            )
+        assert gpu.vram_mib is not None
+        if _cc(gpu.compute_capability) < MIN_COMPUTE_CAPABILITY:
+            raise DiscoverError(
+                f"{gpu.name} has compute capability {gpu.compute_capability}; the drivers the kit installs and the "
+                "llama.cpp image's CUDA 12 need 5.0 (Maxwell) or newer: use a newer card"
+            )
+        branch, version, driver_source = DRIVER_PLANS[(facts.os_id, facts.os_version)]
+        values["rig_gpu"] = {
+            "name": gpu.name,
+            "vram_mib": gpu.vram_mib,
+            "compute_capability": gpu.compute_capability,
+            "headless": not gpu.display_attached if gpu.display_attached is not None else False,
+        }
+        src = "nvidia-smi" if gpu.source == "nvidia-smi" else f"lspci (PCI {gpu.pci_id}) and the kit's PCI_GPUS table"
+        vram_src = f"given as vram={vram_override}" if vram_override is not None else src
+        if gpu.display_attached is None:
+            display = (
+                "unknown ("
+                + ("nvidia-smi says N/A" if gpu.source == "nvidia-smi" else "no driver to ask")
+                + "): assumed to drive the display (full desktop install)"
+            )
+        elif gpu.source == "nvidia-smi":
+            display = "nvidia-smi display_attached: " + ("yes" if gpu.display_attached else "no")
+        elif gpu.display_attached:
+            display = "lspci: the only VGA controller, so it drives the display"
+        else:
+            display = "lspci: " + (
+                "a 3D controller (never drives a display)" if not facts.other_displays
+                else f"another VGA controller drives the display ({facts.other_displays[0]})"
+            )  # fmt: skip
+        sources = f"GPU and vram_mib from {src}" if vram_src == src else f"GPU from {src}; vram_mib {vram_src}"
+        comments["rig_gpu"] = f"{sources}; headless from {display}" + (
+            f"; driver {gpu.driver_version} loaded now" if gpu.driver_version else "; no driver loaded now"
+        )
+        values["nvidia_driver_branch"] = branch
+        values["nvidia_driver_version"] = version
+        comments["nvidia_driver_branch"] = (
+            f"NVIDIA driver: {driver_source} ({facts.os_pretty}, roles/nvidia_driver README); it serves compute "
+            f"capability {gpu.compute_capability} and the image's CUDA 12 runtime (>= 535). An upgrade is a change "
+            "of these two lines"
+        )
+        if _cc(gpu.compute_capability) < OPEN_MODULES_MIN:
+            values["nvidia_driver_kernel_modules"] = "proprietary"
+            comments["nvidia_driver_kernel_modules"] = (
+                f"compute capability {gpu.compute_capability} is older than Turing (7.5): the open kernel modules "
+                "do not support it"
+            )
+        if facts.secure_boot == "enabled":
+            warnings.append(
+                "Secure Boot is enabled: unsigned NVIDIA modules will not load. Enrol DKMS's key (mokutil --import "
+                "/var/lib/dkms/mok.pub) and set nvidia_driver_secure_boot_signing: true in this file, or turn "
+                "Secure Boot off in the firmware"
+            )
+        budget = gpu.vram_mib
+        pair, draft_n, rig_class = next((c[2], c[3], c[1]) for c in RIG_CLASSES if gpu.vram_mib <= c[0])
+        fit = _fit(catalog, pair, budget, headroom, gpu=True, cap=cap)
+        if fit is None and pair != E2B:
+            warnings.append(f"{pair[0]} does not fit {budget} MiB with its drafter; falling back to {E2B[0]}")
+            pair = E2B
+            fit = _fit(catalog, pair, budget, headroom, gpu=True, cap=cap)
+        if fit is None:
+            raise DiscoverError(
+                f"{gpu.name} has {budget:,} MiB; not even {E2B[0]} with its drafter at 1,024 tokens of context fits "
+                f"with the preflight's {headroom} MiB of headroom: this card is too small for the kit's models"
+            )
+        ctx, best, estimate = fit
+        values.update(models_target=pair[0], models_drafter=pair[1])
+        spec = "draft-mtp"
+        memory = f"VRAM ({budget:,} MiB)"
+
+    comments["models_target"] = (
+        f"Models: the catalog pair for {rig_class} (module_utils/rig_discovery.py "
+        f"{'RIG_CLASSES' if kind == 'gpu' else 'CPU_PAIR, as inventory/host_vars/sandbox.yml'}; "
+        "inventory/group_vars/all/model_catalog.yml)"
+    )
+    values["llama_server_ctx_size"] = ctx
+    capped = f", capped at max_ctx={cap} (make discover max_ctx=N to go higher)" if best > ctx else ""
+    comments["llama_server_ctx_size"] = (
+        f"Context: the preflight's memory model (module_utils/server_preflight.py, catalog shapes, "
+        f"{headroom} MiB headroom) fits up to {best:,} tokens in {where} {memory}{capped}; at {ctx:,}: "
+        f"{estimate.breakdown}"
+    )
+    values["llama_server_spec_type"] = spec
+    values["llama_server_spec_draft_n_max"] = draft_n
+    comments["llama_server_spec_draft_n_max"] = (
+        f"Draft length: {draft_n} for {rig_class} (the seed article's choices: 2 on 8 GB, 1 on 4 GB). Start here, "
+        f"then make bench host={host} + make tune host={host}"
+        if kind == "gpu"
+        else f"Draft length: the sandbox's. Start here, then make bench host={host} + make tune host={host}"
+    )
+    values["llama_server_flash_attn"] = pair[2]
+    if kind == "cpu":
+        comments["llama_server_flash_attn"] = "Flash attention: off on the CPU, as on the sandbox"
+    elif pair[2] == "off":
+        comments["llama_server_flash_attn"] = (
+            "Flash attention: off, E4B with its drafter aborts in llama.cpp's CUDA flash-attention kernel "
+            "(the notes of the Unsloth E4B drafter in the catalog); try on with make bench once your llama.cpp pin "
+            "has the fix"
+        )
+    else:
+        comments["llama_server_flash_attn"] = "Flash attention: on, as the seed article serves E2B (-fa 1)"
+
+    comments["llama_server_spec_type"] = (
+        "Speculative decoding: draft-mtp, the drafter is the target's gemma4-assistant (MTP) head"
+        if spec == "draft-mtp"
+        else "Speculative decoding: draft-simple, the target drafts for itself as a classic draft model"
+    )
+    layers = "all" if kind == "gpu" else "0"
+    comments["llama_server_gpu_layers"] = (
+        "Offload: every layer of both models on the GPU (what the context estimate above assumes)"
+        if kind == "gpu"
+        else "Offload: none, a CPU rig (the estimate above counts everything against RAM)"
+    )
+    values["llama_server_gpu_layers"] = layers
+    values["llama_server_gpu_layers_draft"] = layers
+    headline = (
+        f"{facts.os_pretty}, kernel {facts.kernel} {facts.arch}, Secure Boot {facts.secure_boot}; {facts.cpu_model}, "
+        f"{facts.cpu_cores} cores, {facts.mem_mib:,} MiB RAM; {facts.disk_free_mib:,} MiB free under "
+        f"{facts.disk_path or '?'} (models go to {MODELS_DIR})"
+    )
+    if facts.disk_free_mib and facts.disk_free_mib < 8192:
+        warnings.append(
+            f"only {facts.disk_free_mib:,} MiB free under {facts.disk_path}: the models and the llama.cpp image need "
+            "several GiB; free some space before make provision"
+        )
+    return Profile(host, kind, address, user, facts, values, comments, warnings, headline)
+
+
+def _wrap(text: str, width: int = 116) -> list[str]:
+    lines: list[str] = []
+    current = "#"
+    for word in text.split():
+        if len(current) + 1 + len(word) > width and current != "#":
+            lines.append(current)
+            current = "#"
+        current += " " + word
+    lines.append(current)
+    return lines
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return f'"{value}"' if re.fullmatch(r"[\d.]+|on|off|yes|no|true|false", str(value)) else str(value)
+
+
+def render_host_vars(profile: Profile) -> str:
+    """inventory/host_vars/NAME.yml, commented like the hand-written ones."""
+    f = profile.facts
+    out = ["---"]
+    out += _wrap(f"Written by make discover host={profile.host} address={profile.address}: {profile.headline}.")
+    if profile.kind == "cpu":
+        container = profile.address.split(":", 1)[1]
+        out += [
+            "# The rig container (a literal: testinfra reads the inventory without templating).",
+            f"ansible_host: {container}",
+        ]
+        if "llama_server_port" in profile.values:
+            out += ["# A port of its own: the sandbox rigs share this machine's network.",
+                    f"llama_server_port: {profile.values['llama_server_port']}"]  # fmt: skip
+    else:
+        out += ["# Connection: the address discover reached.", f"ansible_host: {profile.address}"]
+        out += [f"ansible_user: {profile.user}"] if profile.user else ["# ansible_user: your-login"]
+    out.append("")
+    v, c = profile.values, profile.comments
+    if profile.kind == "gpu":
+        gpu = v["rig_gpu"]
+        out += [*_wrap(c["rig_gpu"]), "rig_gpu:"]
+        out += [f"  {key}: {_scalar(gpu[key])}" for key in ("name", "vram_mib", "compute_capability", "headless")]
+        out.append("")
+        out += _wrap(c["nvidia_driver_branch"])
+        out += [f"nvidia_driver_branch: {_scalar(v['nvidia_driver_branch'])}"]
+        out += [f"nvidia_driver_version: {_scalar(v['nvidia_driver_version'])}"]
+        if "nvidia_driver_kernel_modules" in v:
+            out += [
+                *_wrap(c["nvidia_driver_kernel_modules"]),
+                f"nvidia_driver_kernel_modules: {v['nvidia_driver_kernel_modules']}",
+            ]
+        out.append("")
+    out += _wrap(c["models_target"])
+    out += [f"models_target: {v['models_target']}", f"models_drafter: {v['models_drafter']}"]
+    out += [*_wrap(c["llama_server_ctx_size"]), f"llama_server_ctx_size: {v['llama_server_ctx_size']}"]
+    out += [*_wrap(c["llama_server_spec_type"]), f"llama_server_spec_type: {v['llama_server_spec_type']}"]
+    out += [
+        *_wrap(c["llama_server_spec_draft_n_max"]),
+        f"llama_server_spec_draft_n_max: {v['llama_server_spec_draft_n_max']}",
+    ]
+    out += [*_wrap(c["llama_server_flash_attn"]), f"llama_server_flash_attn: {_scalar(v['llama_server_flash_attn'])}"]
+    out += [*_wrap(c["llama_server_gpu_layers"]), f"llama_server_gpu_layers: {_scalar(v['llama_server_gpu_layers'])}"]
+    out += [f"llama_server_gpu_layers_draft: {_scalar(v['llama_server_gpu_layers_draft'])}"]
+    del f
+    return "\n".join(out) + "\n"
+
+
+def add_inventory_line(hosts_text: str, host: str, group: str) -> str:
+    """hosts.yml with `host:` added under `group`'s hosts (unchanged when it is there already)."""
+    lines = hosts_text.splitlines()
+    group_at = next((i for i, line in enumerate(lines) if line.strip() == f"{group}:"), None)
+    if group_at is None:
+        raise DiscoverError(f"inventory/hosts.yml has no group {group}: restore it from the repository")
+    indent = len(lines[group_at]) - len(lines[group_at].lstrip())
+    hosts_at = next(
+        (i for i in range(group_at + 1, len(lines)) if lines[i].strip() == "hosts:"),
+        None,
+    )
+    if hosts_at is None:
+        raise DiscoverError(f"group {group} in inventory/hosts.yml has no hosts: list")
+    host_indent = len(lines[hosts_at]) - len(lines[hosts_at].lstrip()) + 2
+    end = hosts_at + 1
+    while end < len(lines) and lines[end].strip() and len(lines[end]) - len(lines[end].lstrip()) >= host_indent:
+        if lines[end].strip().rstrip(":") == host:
+            return hosts_text
+        end += 1
+    del indent
+    lines.insert(end, " " * host_indent + f"{host}:")
+    return "\n".join(lines) + "\n"
