@@ -73,3 +73,26 @@ def test_discover_writes_a_cpu_profile_for_a_container(container: str, tmp_path:
     hostvars = data["_meta"]["hostvars"]["sandbox-found"]
     assert hostvars["rig_kind"] == "sandbox" and hostvars["ansible_connection"] == "community.docker.docker"
     assert hostvars["ansible_host"] == container  # the literal beats the group's rigkit-{{ inventory_hostname }}
+
+
+def test_the_discovered_profile_converges(container: str, tmp_path: Path) -> None:
+    """Discover a container, then `make provision` the profile it wrote: the rig converges and drafts."""
+    inventory = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory", inventory)
+    port = 18198
+    argv = ["python", "bin/rigkit", "discover", "sandbox-found", f"docker:{container}", "--port", str(port)]
+    done = run([*argv, "--inventory-dir", str(inventory)], log_name="discover-converge-discover")
+    assert done.returncode == 0, done.output
+    try:
+        converged = run(
+            ["make", "--no-print-directory", "provision", "host=sandbox-found"],
+            log_name="discover-converge-provision",
+            ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
+        )
+        assert converged.returncode == 0, converged.tail(120)
+        assert f'llama-server "main" on sandbox-found answers at http://127.0.0.1:{port}' in converged.output
+        assert "draft acceptance" in converged.output
+    finally:
+        # provision turned the container into a systemd rig with a Docker data volume of its own
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
+        subprocess.run(["docker", "volume", "rm", f"{container}-docker"], capture_output=True, check=False)

@@ -68,9 +68,11 @@ def test_a_second_call_attaches_to_the_running_job(tmp_path):
     def call() -> str:
         return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False).stdout
 
-    outputs = [call(), call()]
+    try:
+        outputs = [call(), call()]
+    finally:
+        release.touch()  # never leave the job behind, whatever happened
     assert all('"finished": false' in out for out in outputs), outputs
-    release.touch()
     deadline = time.monotonic() + 60
     while '"finished": true' not in (final := call()) and time.monotonic() < deadline:
         time.sleep(0.5)
