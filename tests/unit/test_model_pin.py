@@ -19,7 +19,7 @@ from ansible.module_utils.http_client import UrlRefused, next_hop
 from ansible.module_utils.model_pin import PinError, pin_entry, pin_host
 
 from tests.fixtures.hf_standin import HfStandin, make_tls_files
-from tests.support import run
+from tests.support import recap, run
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "inventory" / "group_vars" / "all" / "model_catalog.yml"
@@ -352,6 +352,21 @@ def test_make_pin_host_pins_target_and_drafter(tmp_path: Path, hub: HfStandin, h
     assert (entry(copy, EXACT)["revision"], entry(copy, EXACT)["size"]) == (C3, history["v2"][1])
     assert (entry(copy, DRAFTER)["revision"], entry(copy, DRAFTER)["size"]) == (C1, 904)
     assert CATALOG.read_text() == before  # the repo's own catalog is never the one written
+
+    # With those pins, `make check` passes validation on the copy; only the connection to the rig fails.
+    check = run(
+        [
+            "make",
+            "--no-print-directory",
+            "check",
+            "host=desktop3050",
+            "ARGS=-e ansible_host=127.0.0.1 -e ansible_port=1",
+        ],
+        ANSIBLE_INVENTORY=str(hosts),
+    )
+    counters = recap(check.output)["desktop3050"]
+    assert (counters["failed"], counters["unreachable"]) == (0, 1), check.tail()
+    assert "make pin" not in check.output
 
     again = run(
         ["make", "--no-print-directory", "pin", "host=desktop3050", f"ARGS={args}"], ANSIBLE_INVENTORY=str(hosts)
