@@ -50,6 +50,7 @@ __all__ = [
     "DEFAULT_REVISION",
     "CommitFile",
     "FileInfo",
+    "NotInLfsError",
     "PinError",
     "PinResult",
     "file_at",
@@ -73,6 +74,10 @@ _LINK_NEXT_RE = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
 class PinError(Exception):
     """The pin cannot be made; the message says what to do next."""
+
+
+class NotInLfsError(PinError):
+    """The file is in the repository but not stored with Git LFS: the API gives no sha256 for it."""
 
 
 @dataclass(frozen=True)
@@ -228,7 +233,7 @@ def file_at(
     item = found[0]
     lfs = item.get("lfs")
     if not isinstance(lfs, dict) or not _SHA256_RE.match(str(lfs.get("oid", ""))):
-        raise PinError(
+        raise NotInLfsError(
             f"{repo} : {filename} is not stored with Git LFS, so the API gives no sha256 for it; pin it by hand "
             "(sha256sum of the file at that revision) in the catalog."
         )
@@ -317,9 +322,7 @@ def find_commit_with(
     for commit in list_commits(endpoint, repo, ref, limit=limit, **opts):
         try:
             info = file_at(endpoint, repo, commit["id"], filename, **opts)
-        except PinError as exc:
-            if "not stored with Git LFS" not in str(exc):
-                raise
+        except NotInLfsError:
             seen.append(CommitFile(commit["id"], commit["date"], commit["title"], note="not stored with Git LFS"))
             continue
         if info is None:
