@@ -48,8 +48,9 @@ rebuild: setup ## wipe the rig's server, image and models, provision from scratc
 	@$(BIN)/python bin/rigkit check-host '$(host)'
 	$(BIN)/ansible-playbook playbooks/rebuild.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
 
-pin: setup ## record a model's sha256 + size from Hugging Face: make pin model=NAME revision=COMMIT [force=1]
-	@$(BIN)/python bin/rigkit pin '$(model)' '$(revision)' $(if $(filter 1 yes true,$(force)),--force,) $(ARGS)
+pin: setup ## pin from Hugging Face: make pin model=NAME [revision=REF] [force=1], or every unpinned model of a rig: make pin host=NAME
+	@$(BIN)/python bin/rigkit pin $(if $(model),'$(model)',) $(if $(revision),--revision '$(revision)',) \
+		$(if $(filter command line,$(origin host)),--host '$(host)',) $(if $(filter 1 yes true,$(force)),--force,) $(ARGS)
 
 status: setup ## one table for the fleet (or host=NAME): GPU, driver, llama.cpp, models, service, drafting [json=1]
 	@$(BIN)/python bin/rigkit status --limit '$(if $(filter command line,$(origin host)),$(host),rigs)' $(if $(filter 1 yes true,$(json)),--json,) $(if $(ARGS),-- $(ARGS),)

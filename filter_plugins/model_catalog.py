@@ -17,6 +17,8 @@ from ansible.module_utils.model_catalog import (  # noqa: E402
     catalog_entry,
     catalog_problems,
     deployable_entry,
+    host_pin_refusal,
+    usable_entry,
 )
 
 
@@ -34,13 +36,22 @@ def _deployable_entry(name: str, catalog: dict[str, Any], role: str | None = Non
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def _catalog_refusal(name: Any, catalog: dict[str, Any], role: str | None = None) -> str:
-    """Why ``name`` cannot be deployed (in the ``role`` slot), or '' when it can: for asserts with a good message."""
+def _catalog_refusal(name: Any, catalog: dict[str, Any], role: str | None = None, pinned: bool = True) -> str:
+    """Why ``name`` cannot be deployed (in the ``role`` slot), or '' when it can: for asserts with a good message.
+
+    ``pinned=False`` leaves the pins out (known, well formed, right role): the rig's pins are refused all at once
+    by ``host_pin_refusal``.
+    """
     try:
-        deployable_entry(catalog, str(name), role)
+        (deployable_entry if pinned else usable_entry)(catalog, str(name), role)
     except CatalogError as exc:
         return str(exc)
     return ""
+
+
+def _host_pin_refusal(catalog: dict[str, Any], host: str, names: list[Any]) -> str:
+    """Every unpinned entry ``host`` needs and the one command that pins them, or ''."""
+    return host_pin_refusal(str(host), catalog, list(names))
 
 
 def _catalog_problems(catalog: Any) -> list[str]:
@@ -54,4 +65,5 @@ class FilterModule:
             "deployable_entry": _deployable_entry,
             "catalog_problems": _catalog_problems,
             "catalog_refusal": _catalog_refusal,
+            "host_pin_refusal": _host_pin_refusal,
         }

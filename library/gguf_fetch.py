@@ -14,7 +14,8 @@ description:
   - Before installing, checks the size, the sha256 and the GGUF header (magic, version and
     C(general.architecture)); only then fsyncs and atomically renames the file onto O(dest). A failed check
     deletes the partial file and leaves any previous O(dest) untouched.
-  - Refuses entries without a pinned commit, sha256 and size (pin them with C(make pin model=NAME revision=COMMIT)).
+  - Refuses entries without a pinned commit, sha256 and size (pin them with C(make pin host=RIG) or
+    C(make pin model=NAME)).
   - Re-runs are cheap - a verification record in C(<dest dir>/.rigkit-verified/) lets O(verify=fast) accept an
     unchanged file (same size, mtime, inode and device) without reading it.
   - Runs on the managed host with the Python standard library only.

@@ -83,7 +83,11 @@ def unpinned_fields(entry: dict[str, Any]) -> list[str]:
 
 
 def pin_command(name: str) -> str:
-    return f"make pin model={name} revision=COMMIT"
+    return f"make pin model={name}"
+
+
+def host_pin_command(host: str) -> str:
+    return f"make pin host={host}"
 
 
 def check_deployable(name: str, entry: Any) -> dict[str, Any]:
@@ -95,17 +99,58 @@ def check_deployable(name: str, entry: Any) -> dict[str, Any]:
     if missing:
         repo = entry.get("repo")
         first = f"set its repo in {CATALOG_PATH}, then run" if "repo" in missing else "run"
+        anchor = (
+            "finds the newest commit of its repository holding the recorded sha256 and records that commit and size"
+            if entry.get("sha256")
+            else f"records the sha256 and size of the file at {repo or 'its repository'}'s main "
+            "(revision=REF for another branch, tag or commit)"
+        )
         raise CatalogError(
             f"model '{name}' is not pinned ({', '.join(missing)} missing); the kit never deploys an unverified file. "
-            f"To pin it, {first} `{pin_command(name)}` (COMMIT: a full 40-character commit of "
-            f"{repo or 'its repository'}); that records the file's sha256 and size from Hugging Face."
+            f"To pin it, {first} `{pin_command(name)}` on a machine that reaches Hugging Face: it {anchor}."
         )
     return dict(entry, name=name)
 
 
-def deployable_entry(catalog: dict[str, Any], name: str, role: str | None = None) -> dict[str, Any]:
-    """An entry that may be deployed: known, well formed, of the expected role and fully pinned."""
+def host_pin_refusal(host: str, catalog: dict[str, Any], names: list[Any]) -> str:
+    """Why ``host`` cannot be deployed for lack of pins, listing every unpinned entry it needs, or ''.
+
+    Names that are unknown or malformed are left to the per-entry checks (catalog_entry / deployable_entry).
+    """
+    rows = []
+    for name in dict.fromkeys(str(n) for n in names if n not in (None, "")):
+        entry = catalog.get(name) if isinstance(catalog, dict) else None
+        if not isinstance(entry, dict) or entry_problems(name, entry):
+            continue
+        missing = unpinned_fields(entry)
+        if not missing:
+            continue
+        known = [field for field in ("sha256", "size") if entry.get(field) not in (None, "")]
+        extra = f"; {' and '.join(known)} known" if known else ""
+        repo_hint = f" — set its repo in {CATALOG_PATH} first" if "repo" in missing else ""
+        rows.append(
+            f"  - {name} ({entry.get('role')}, {entry.get('repo') or 'no repo'}): {', '.join(missing)} missing"
+            f"{extra}{repo_hint}"
+        )
+    if not rows:
+        return ""
+    return (
+        f"{host} needs {len(rows)} model(s) that are not pinned yet (the kit never deploys an unverified file):\n"
+        + "\n".join(rows)
+        + f"\nPin them all on a machine that reaches Hugging Face (HF_TOKEN for gated repositories), "
+        f"then re-run:\n  {host_pin_command(host)}"
+    )
+
+
+def usable_entry(catalog: dict[str, Any], name: str, role: str | None = None) -> dict[str, Any]:
+    """An entry known, well formed and of the expected role; its pins are not looked at."""
     entry = catalog_entry(catalog, name)
     if role is not None and entry["role"] != role:
         raise CatalogError(f"model '{name}' is a {entry['role']} in the catalog, but is used here as the {role}")
+    return entry
+
+
+def deployable_entry(catalog: dict[str, Any], name: str, role: str | None = None) -> dict[str, Any]:
+    """An entry that may be deployed: known, well formed, of the expected role and fully pinned."""
+    usable_entry(catalog, name, role)
     return check_deployable(name, catalog[name])

@@ -40,6 +40,7 @@ from typing import Any, BinaryIO
 
 from ansible.module_utils.atomic_file import write_atomic
 from ansible.module_utils.gguf_metadata import GgufError, read_gguf_metadata
+from ansible.module_utils.http_client import MAX_REDIRECTS, REDIRECT_STATUSES, UrlRefused, check_url, next_hop
 from ansible.module_utils.model_catalog import CatalogError, check_deployable
 
 __all__ = [
@@ -70,14 +71,12 @@ MIN_CHUNK_SIZE = 1024 * 1024
 MAX_CHUNK_SIZE = 8 * 1024 * 1024
 VERIFY_DIR = ".rigkit-verified"
 RECORD_SCHEMA = 1
-MAX_REDIRECTS = 10
 # An attempt that received at least this much (or finished) resets the count of consecutive failures; a server
 # that dribbles a few bytes and stalls again still runs out of retries.
 PROGRESS_BYTES = 1024 * 1024
 USER_AGENT = "rigkit-gguf-fetch/1"
 
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
-_REDIRECTS = {301, 302, 303, 307, 308}
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -398,7 +397,7 @@ class _Fetcher:
 
     # ------------------------------------------------------------------ entry point
     def run(self) -> FetchResult:
-        self._check_scheme(self.url, redirect=False)
+        self._check_scheme(self.url)
         if not os.path.isdir(self.dest_dir):
             if not self.opts.check_mode:
                 raise FetchError(
@@ -678,18 +677,11 @@ class _Fetcher:
             raise _Transient(f"connection error at byte {self._offset}: {exc}") from None
 
     # ------------------------------------------------------------------ HTTP
-    def _check_scheme(self, url: str, *, redirect: bool) -> None:
-        scheme = urllib.parse.urlsplit(url).scheme.lower()
-        if scheme == "https" or (scheme == "http" and self.opts.allow_insecure_http):
-            return
-        what = "a redirect to" if redirect else "the base URL"
-        if scheme == "http":
-            raise InsecureUrlError(
-                f"refusing {what} plain http:// ({_redact(url)}) for {self.entry.where}: the model and the token "
-                "would travel unencrypted and unauthenticated. Use https, or set allow_insecure_http: true only "
-                "for a trusted LAN mirror."
-            )
-        raise InsecureUrlError(f"refusing {what} {_redact(url)}: unsupported URL scheme {scheme!r}")
+    def _check_scheme(self, url: str, *, redirect_from: str | None = None) -> None:
+        try:
+            check_url(url, allow_insecure_http=self.opts.allow_insecure_http, redirect_from=redirect_from)
+        except UrlRefused as exc:
+            raise InsecureUrlError(f"{exc} ({self.entry.where})") from None
 
     def _ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=self.opts.ca_file)
@@ -724,7 +716,6 @@ class _Fetcher:
 
     def _open(self, headers: dict[str, str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         url = self.url
-        origin = urllib.parse.urlsplit(url).netloc
         for _ in range(MAX_REDIRECTS + 1):
             parts = urllib.parse.urlsplit(url)
             conn = self._connect(parts)
@@ -738,15 +729,25 @@ class _Fetcher:
             except (http.client.HTTPException, OSError) as exc:
                 conn.close()
                 raise _Transient(f"request failed: {exc.__class__.__name__}: {exc}") from None
-            if resp.status in _REDIRECTS:
+            if resp.status in REDIRECT_STATUSES:
                 location = resp.getheader("Location")
                 conn.close()
                 if not location:
                     raise HttpStatusError(f"HTTP {resp.status} without a Location for {self.entry.where}", resp.status)
-                url = urllib.parse.urljoin(url, location)
-                self._check_scheme(url, redirect=True)
-                if urllib.parse.urlsplit(url).netloc != origin:
-                    headers = {k: v for k, v in headers.items() if k != "Authorization"}
+                try:  # the shared policy (module_utils/http_client.py): no downgrade, token kept to the origin
+                    hop = next_hop(
+                        current_url=url,
+                        origin_url=self.url,
+                        status=resp.status,
+                        location=location,
+                        method="GET",
+                        headers=headers,
+                        body=None,
+                        allow_insecure_http=self.opts.allow_insecure_http,
+                    )
+                except UrlRefused as exc:
+                    raise InsecureUrlError(f"{exc} ({self.entry.where})") from None
+                url, headers = hop.url, hop.headers
                 continue
             if resp.status in (200, 206, 416):
                 return conn, resp

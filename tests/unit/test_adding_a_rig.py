@@ -5,6 +5,7 @@ server gets the model card's configuration, and which is refused at once until i
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -69,5 +70,9 @@ def test_server_gets_the_model_cards_configuration(overlay):
 def test_check_refuses_the_unpinned_models_with_the_pin_command(overlay):
     result = run(["make", "--no-print-directory", "check", "host=desktop3060"], ANSIBLE_INVENTORY=overlay)
     assert result.returncode != 0
-    assert "make pin model=unsloth-gemma-4-E4B-it-Q4_K_M revision=COMMIT" in result.output
+    assert "desktop3060 needs 2 model(s) that are not pinned yet" in result.output
+    assert "unsloth-gemma-4-E4B-it-Q4_K_M (target" in result.output
+    assert "gemma-4-e4b-it-mtp-assistant-ultralight-f16 (drafter, no repo)" in result.output
+    assert "set its repo" in result.output
+    assert set(re.findall(r"make pin \S+", result.output)) == {"make pin host=desktop3060"}  # one command, by rig
     assert "Provision the rigs" not in result.output  # refused before any rig is touched

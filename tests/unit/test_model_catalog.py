@@ -12,6 +12,7 @@ from ansible.module_utils.model_catalog import (
     catalog_problems,
     deployable_entry,
     entry_problems,
+    host_pin_refusal,
 )
 
 from tests.support import REPO
@@ -56,8 +57,77 @@ def test_unpinned_entry_refused_with_pin_command():
     with pytest.raises(CatalogError) as err:
         deployable_entry(CATALOG, "gemma-4-E2B-it-qat-q4_0-exact", "target")
     message = str(err.value)
-    assert "not pinned" in message and "revision" in message and "sha256" in message
-    assert "make pin model=gemma-4-E2B-it-qat-q4_0-exact revision=" in message
+    assert "not pinned (revision missing)" in message and "holding the recorded sha256" in message
+    assert "`make pin model=gemma-4-E2B-it-qat-q4_0-exact`" in message
+    with pytest.raises(
+        CatalogError, match=r"\(revision, sha256, size missing\).*at unsloth/gemma-4-E4B-it-GGUF's main"
+    ):
+        deployable_entry(CATALOG, "unsloth-gemma-4-E4B-it-Q4_K_M", "target")
+
+
+# Issue 13's table: public records of the seed rigs' exact targets and Google's official QAT files.
+ISSUE_13_FACTS = {
+    "gemma-4-E2B-it-qat-q4_0-google": (
+        "google/gemma-4-E2B-it-qat-q4_0-gguf",
+        "gemma-4-E2B_q4_0-it.gguf",
+        "675cff42a74c774d6cb76f76d8eacb49b48c9b93",
+        3_349_516_256,
+        "fa401b55b07ee70a54c6dae3903c783a6e65064312529ea57175cb5f8dec6634",
+    ),
+    "gemma-4-E4B-it-qat-q4_0-google": (
+        "google/gemma-4-E4B-it-qat-q4_0-gguf",
+        "gemma-4-E4B_q4_0-it.gguf",
+        "4b4a2c1d584be7264f87aac328a1bc739ce81b6c",
+        5_154_941_280,
+        "676c35070db6dbe52f93e9c864ee0fba4eddea94b9c875d9cb10daff453fbaee",
+    ),
+    "gemma-4-E2B-it-qat-q4_0-exact": (
+        "xbill9/gemma-4-E2B-it-qat-q4_0-exact-gguf",
+        "gemma-4-E2B-it-q4_0-exact.gguf",
+        None,
+        2_620_370_912,
+        "419db9a6bf3bc15d770c85ccf9216827aa88c64fe8f3d72fbe5674f48efe2dc8",
+    ),
+    "gemma-4-E4B-it-qat-q4_0-exact": (
+        "xbill9/gemma-4-E4B-it-qat-q4_0-exact-gguf",
+        "gemma-4-E4B-it-q4_0-exact.gguf",
+        None,
+        4_215_695_712,
+        "5462cc102b7d22c4748f9b8e82091f2ae064e10a45525151af6f9a7d0da7caf9",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE_13_FACTS))
+def test_issue_13_facts(name):
+    fields = ("repo", "filename", "revision", "size", "sha256")
+    assert tuple(CATALOG[name][field] for field in fields) == ISSUE_13_FACTS[name]
+    assert CATALOG[name]["role"] == "target" and CATALOG[name]["architecture"] == "gemma4"
+    if ISSUE_13_FACTS[name][2]:
+        assert deployable_entry(CATALOG, name, "target")["size"] == ISSUE_13_FACTS[name][3]
+    for drafter in SEED_DRAFTER_PINS:  # the drafters keep the article's sha256, revision and size unknown
+        assert (CATALOG[drafter]["revision"], CATALOG[drafter]["size"]) == (None, None)
+
+
+def test_seed_rigs_keep_the_exact_files():
+    for rig in ("desktop3050", "laptop1650ti"):
+        host = yaml.safe_load((REPO / f"inventory/host_vars/{rig}.yml").read_text())
+        assert host["models_target"] == "gemma-4-E2B-it-qat-q4_0-exact"
+        assert host["models_drafter"] == "gemma-4-E2B-it-qat-assistant-q4_0-exact"
+
+
+def test_host_pin_refusal_lists_every_unpinned_entry_with_one_command():
+    message = host_pin_refusal(
+        "desktop3050", CATALOG, ["gemma-4-E2B-it-qat-q4_0-exact", "gemma-4-E2B-it-qat-assistant-q4_0-exact"]
+    )
+    assert message.count("make pin") == 1 and message.endswith("\n  make pin host=desktop3050")
+    assert (
+        "gemma-4-E2B-it-qat-q4_0-exact (target, xbill9/gemma-4-E2B-it-qat-q4_0-exact-gguf): revision missing" in message
+    )
+    assert "gemma-4-E2B-it-qat-assistant-q4_0-exact (drafter" in message and "revision, size missing" in message
+    assert host_pin_refusal("x", CATALOG, ["gemma-3-270m-it-q4_k_m", "", None, "no-such-entry"]) == ""
+    ultralight = host_pin_refusal("x", CATALOG, ["gemma-4-e4b-it-mtp-assistant-ultralight-f16"])
+    assert "no repo" in ultralight and "set its repo" in ultralight
 
 
 def test_entry_without_repo_says_to_set_it_first():

@@ -513,7 +513,7 @@ def _catalog() -> dict[str, Any]:
 )
 def test_unpinned_catalog_entries_refused(hub: HfStandin, models: Path, name: str) -> None:
     entry = _catalog()[name]
-    with pytest.raises(EntryError, match=rf"make pin model={name} revision=COMMIT"):
+    with pytest.raises(EntryError, match=rf"make pin model={name}`"):
         fetch_model(entry, models / "x.gguf", options(hub), name=name)
     with pytest.raises(EntryError, match="make pin"):
         fetch_model(entry, models / "x.gguf", options(hub, check_mode=True), name=name)
@@ -798,7 +798,7 @@ def test_ansible_module_failure_keeps_previous_file(hub: HfStandin, tiny: Served
     assert_untouched(dest, previous)
 
     unpinned, _ = run_module({**args, "sha256": None, "size": None, "name": "tiny"})
-    assert unpinned["failed"] and "make pin model=tiny revision=COMMIT" in unpinned["msg"]
+    assert unpinned["failed"] and "make pin model=tiny`" in unpinned["msg"]
 
 
 def test_standin_serves_a_directory_tree(tmp_path: Path, tiny: Served, models: Path) -> None:

@@ -102,15 +102,21 @@ def test_refusals_name_the_variable_and_touch_nothing(tmp_path: Path) -> None:
         ),
         "unpinned": (
             {"models_target": "gemma-4-E2B-it-qat-q4_0-exact"},
-            "run `make pin model=gemma-4-E2B-it-qat-q4_0-exact revision=COMMIT`",
+            "unpinned needs 1 model(s) that are not pinned yet",
         ),
         "swapped": (
             {"models_target": "tiny-gemma4-assistant"},
             "is a drafter in the catalog, but is used here as the target",
         ),
         "bad_drafter": (
-            {"models_target": "tiny-gemma4-target", "models_drafter": "gemma-4-E2B-it-qat-assistant-q4_0-exact"},
-            "bad_drafter: models_drafter=gemma-4-E2B-it-qat-assistant-q4_0-exact cannot be deployed",
+            {"models_target": "tiny-gemma4-target", "models_drafter": "no-such-drafter"},
+            "bad_drafter: models_drafter=no-such-drafter cannot be deployed: model 'no-such-drafter' is not in",
+        ),
+        "unpinned_pair": (
+            {"models_target": "unsloth-gemma-4-E4B-it-Q4_K_M", "models_drafter": "unsloth-gemma-4-E4B-it-Q8_0-MTP"},
+            "unsloth-gemma-4-E4B-it-Q8_0-MTP (drafter, unsloth/gemma-4-E4B-it-GGUF): revision, sha256, size missing"
+            "\nPin them all on a machine that reaches Hugging Face (HF_TOKEN for gated repositories), then re-run:"
+            "\n  make pin host=unpinned_pair",
         ),
         "bad_keep": (
             {"models_target": "tiny-gemma4-target", "models_prune": True, "models_keep": ["old-one"]},
@@ -121,7 +127,9 @@ def test_refusals_name_the_variable_and_touch_nothing(tmp_path: Path) -> None:
     failed = failures(play(tmp_path, hosts))
     for name, (_, message) in cases.items():
         assert message in failed.get(name, ""), (name, failed.get(name))
-        if name not in ("unset", "bad_keep"):
+        if name.startswith("unpinned"):
+            assert failed[name].count("make pin") == 1
+        elif name not in ("unset", "bad_keep"):
             assert "inventory/host_vars/" in failed[name]
         assert not (tmp_path / name).exists(), f"{name}: the role touched models_dir before refusing"
 
