@@ -354,6 +354,21 @@ def _read_json(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _open_regular(path: str, flags: int, what: str) -> BinaryIO:
+    """Open ``path`` read-write without following a symlink and without blocking; only a regular file."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EEXIST, errno.ENXIO):
+            raise FetchError(f"{path} ({what}) is a symlink or not a regular file: remove it and re-run") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FetchError(f"{path} ({what}) is not a regular file: remove it and re-run")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+b")
+
+
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -409,8 +424,11 @@ class _Fetcher:
             return self.result
         if self.opts.check_mode:
             return self._run_locked()
-        os.makedirs(os.path.join(self.dest_dir, VERIFY_DIR), exist_ok=True)
-        with open(_lock_path(self.dest), "a+") as lock:
+        verify_dir = os.path.join(self.dest_dir, VERIFY_DIR)
+        os.makedirs(verify_dir, exist_ok=True)
+        if os.path.islink(verify_dir) or not os.path.isdir(verify_dir):
+            raise FetchError(f"{verify_dir} is not a plain directory (a symlink?): remove it and re-run")
+        with _open_regular(_lock_path(self.dest), os.O_RDWR | os.O_CREAT, "lock file") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -442,11 +460,12 @@ class _Fetcher:
     # ------------------------------------------------------------------ existing file
     def _inspect_existing(self) -> tuple[bool, str]:
         try:
-            st = os.stat(self.dest)
+            st = os.lstat(self.dest)  # a symlink is not the kit's file, whatever it points to
         except FileNotFoundError:
             return False, "not present"
         if not stat.S_ISREG(st.st_mode):
-            raise FetchError(f"{self.dest} exists but is not a regular file: move it away and re-run")
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise FetchError(f"{self.dest} exists but is {what}: move it away and re-run")
         if self.opts.verify == "fast" and self._record_matches(st):
             self.result.verification = "fast"
             return True, ""
@@ -486,9 +505,12 @@ class _Fetcher:
     def _usable_part(self) -> int:
         """Bytes of a resumable part from the same pin; a stale or foreign part is discarded."""
         try:
-            st = os.stat(self.part)
+            st = os.lstat(self.part)  # never follow a link planted at the part's name
         except FileNotFoundError:
             return 0
+        if not stat.S_ISREG(st.st_mode):
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise FetchError(f"{self.part} is {what}, not a download of the kit's: remove it and re-run")
         meta = _read_json(_part_meta_path(self.dest)) or {}
         same_pin = meta.get("sha256") == self.entry.sha256 and meta.get("size") == self.entry.size
         if stat.S_ISREG(st.st_mode) and same_pin and st.st_size <= self.entry.size:
@@ -521,7 +543,10 @@ class _Fetcher:
         )
         discard = True  # a part that failed verification (or filled the disk) must go
         try:
-            with open(self.part, "r+b" if resume_from else "w+b") as fh:
+            if not resume_from:
+                _unlink_quietly(self.part)  # a fresh part is created, never opened through what is there
+            flags = os.O_RDWR if resume_from else os.O_RDWR | os.O_CREAT | os.O_EXCL
+            with _open_regular(self.part, flags, "partial download") as fh:
                 self._fh = fh
                 self._hasher = hashlib.sha256()
                 if resume_from:
