@@ -95,6 +95,20 @@ options:
     description: Seconds allowed to connect (TCP and TLS).
     type: float
     default: 15
+  min_rate:
+    description:
+      - Minimum average rate in bytes per second over every O(rate_window) seconds (retries and stalls
+        included); slower, the download stops with how far it got and keeps the part. C(0) turns it off.
+    type: float
+    default: 65536
+  rate_window:
+    description: Seconds over which O(min_rate) is measured.
+    type: float
+    default: 600
+  deadline:
+    description: Seconds for the whole download, retries included; C(0) for none.
+    type: float
+    default: 0
   retries:
     description: Consecutive failed attempts without progress tolerated before giving up.
     type: int
@@ -209,6 +223,8 @@ import time
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible.module_utils.model_fetch import (
     DEFAULT_BASE_URL,
+    DEFAULT_MIN_RATE,
+    DEFAULT_RATE_WINDOW_S,
     CatalogEntry,
     FetchError,
     FetchOptions,
@@ -241,6 +257,9 @@ def argument_spec() -> dict:
         "timeout": {"type": "float", "default": 60.0},
         "connect_timeout": {"type": "float", "default": 15.0},
         "retries": {"type": "int", "default": 5},
+        "min_rate": {"type": "float", "default": float(DEFAULT_MIN_RATE)},
+        "rate_window": {"type": "float", "default": DEFAULT_RATE_WINDOW_S},
+        "deadline": {"type": "float", "default": 0.0},
         "backoff": {"type": "float", "default": 1.0},
         "progress": {"type": "bool", "default": False},
     }
@@ -365,6 +384,9 @@ def main() -> None:
         connect_timeout=params["connect_timeout"],
         read_timeout=params["timeout"],
         retries=params["retries"],
+        min_rate=params["min_rate"],
+        rate_window=params["rate_window"],
+        deadline=params["deadline"],
         backoff_initial=params["backoff"],
         check_mode=module.check_mode,
     )

@@ -44,6 +44,8 @@ from ansible.module_utils.model_catalog import CatalogError, check_deployable
 
 __all__ = [
     "DEFAULT_BASE_URL",
+    "DEFAULT_MIN_RATE",
+    "DEFAULT_RATE_WINDOW_S",
     "CatalogEntry",
     "DiskSpaceError",
     "DownloadError",
@@ -75,6 +77,10 @@ MAX_REDIRECTS = 10
 # that dribbles a few bytes and stalls again still runs out of retries.
 PROGRESS_BYTES = 1024 * 1024
 USER_AGENT = "rigkit-gguf-fetch/1"
+# 64 KiB/s over 10 minutes: a slow line (512 kbit/s) still finishes, a server that sends a little and stalls
+# (1 MiB every read timeout, forever) is given up on with a clear message instead of retried for days.
+DEFAULT_MIN_RATE = 64 * 1024
+DEFAULT_RATE_WINDOW_S = 600.0
 
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _REDIRECTS = {301, 302, 303, 307, 308}
@@ -192,6 +198,11 @@ class FetchOptions:
     connect_timeout: float = 15.0
     read_timeout: float = 60.0  # longest stall allowed between two reads
     retries: int = 5  # consecutive failed attempts (each with < 1 MiB progress) tolerated before giving up
+    # The rate rule: over every window of rate_window seconds the download must bring min_rate bytes/s on
+    # average (retries and stalls included), or it stops with what it got; 0 turns the rule off.
+    min_rate: float = DEFAULT_MIN_RATE
+    rate_window: float = DEFAULT_RATE_WINDOW_S
+    deadline: float = 0.0  # seconds for the whole download (retries included); 0: none
     backoff_initial: float = 1.0
     backoff_max: float = 60.0
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -207,6 +218,8 @@ class FetchOptions:
             raise FetchError(f"verify must be 'fast' or 'full', not {self.verify!r}")
         if self.retries < 0:
             raise FetchError(f"retries must be 0 or more, not {self.retries}")
+        if self.min_rate < 0 or self.rate_window <= 0 or self.deadline < 0:
+            raise FetchError("min_rate and deadline must be 0 or more, rate_window a positive number of seconds")
         if self.connect_timeout <= 0 or self.read_timeout <= 0:
             raise FetchError("connect_timeout and read_timeout must be positive numbers of seconds")
         if not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:
@@ -405,6 +418,9 @@ class _Fetcher:
         self._fh: BinaryIO | None = None
         self._hasher: Any = None
         self._offset = 0
+        self._clock = time.monotonic
+        self._started = 0.0
+        self._window = (0.0, 0)  # (start, bytes_downloaded then) of the current rate window
 
     def log(self, message: str) -> None:
         self.result.events.append(message)
@@ -573,6 +589,17 @@ class _Fetcher:
                     "free some space, then re-run"
                 ) from None
             raise
+        except HttpStatusError as exc:
+            # About access (an expired token, a license not accepted yet, a mirror gone), not the content: the
+            # bytes already here still belong to this pin.
+            if exc.status in (401, 403, 404) and self._offset:
+                discard = False
+                raise HttpStatusError(
+                    f"{exc} The partial file ({self._offset} of {self.entry.size} bytes) is kept: re-run once "
+                    "access is fixed and the download resumes from there.",
+                    exc.status,
+                ) from None
+            raise
         except FetchError:
             raise
         except BaseException:  # interrupted (or a bug): the part stays resumable, its pin is recorded
@@ -594,9 +621,42 @@ class _Fetcher:
         self._offset = 0
         self.result.restarted = True
 
+    def _progress_note(self) -> str:
+        elapsed = self._clock() - self._started
+        share = 100.0 * self._offset / self.entry.size if self.entry.size else 100.0
+        return (
+            f"got {self._offset} of {self.entry.size} bytes ({share:.1f} %, {_human(self._offset)}), "
+            f"{_human(self.result.bytes_downloaded)} in {elapsed:.0f} s over {self.result.attempts} attempts"
+        )
+
+    def _check_pace(self) -> None:
+        """The deadline and the minimum-rate rule (see FetchOptions); raises DownloadError with how far it got."""
+        now = self._clock()
+        kept = "the partial file is kept and resumed on the next run" if self._offset else "nothing was kept"
+        if self.opts.deadline and now - self._started > self.opts.deadline:
+            raise DownloadError(
+                f"download of {self.entry.where} passed its deadline of {self.opts.deadline:g} s: "
+                f"{self._progress_note()}. Check the network or the mirror (or raise the deadline); {kept}."
+            )
+        start, bytes_then = self._window
+        if self.opts.min_rate and now - start >= self.opts.rate_window:
+            got = self.result.bytes_downloaded - bytes_then
+            if got < self.opts.min_rate * self.opts.rate_window:
+                raise DownloadError(
+                    f"download of {self.entry.where} is too slow: {_human(got)} in the last {now - start:.0f} s, "
+                    f"below the minimum of {_human(self.opts.min_rate)}/s; {self._progress_note()}. Check the "
+                    f"network or the mirror (or lower the minimum rate); {kept}."
+                )
+            self._window = (now, self.result.bytes_downloaded)
+
     def _transfer(self) -> None:
         failures = 0
         use_range = True
+        self._started = self._clock()
+        self._window = (self._started, 0)
+        if self._offset == self.entry.size:
+            self.log(f"{self.part} is complete: verifying it, nothing to download")
+            return
         while True:
             received = self.result.bytes_downloaded
             self.result.attempts += 1
@@ -632,6 +692,7 @@ class _Fetcher:
                 raise DownloadError(f"download of {self.entry.where} kept restarting; giving up")
             if delay:
                 self._sleep(delay)
+            self._check_pace()
 
     def _attempt(self) -> None:
         headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
@@ -691,6 +752,7 @@ class _Fetcher:
                 self.result.bytes_downloaded += len(data)
                 if self.opts.progress is not None:
                     self.opts.progress(self._offset, self.entry.size)
+                self._check_pace()
         except TimeoutError:
             raise _Transient(
                 f"no data for {self.opts.read_timeout:g} s (read timeout) at byte {self._offset}"

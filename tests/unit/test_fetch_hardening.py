@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.model_fetch import DownloadError, FetchError, fetch_model
+from ansible.module_utils.model_fetch import DownloadError, FetchError, HttpStatusError, fetch_model
 
 from tests.fixtures.hf_standin import Fault, HfStandin
 from tests.unit.test_model_fetch import (  # noqa: F401 - fixtures used by name
@@ -82,3 +83,82 @@ def test_installed_file_is_a_regular_file(hub: HfStandin, tiny: Served, models: 
     part_of(dest).write_bytes(b"")  # an empty part of the same name: replaced, not opened through
     fetch_model(tiny.entry(), dest, options(hub))
     assert dest.is_file() and not dest.is_symlink() and sha256(dest) == tiny.sha256
+
+
+# ------------------------------------------------------------------------------------------ item 11: pace, parts
+MiB = 1024 * 1024
+
+
+def test_a_server_that_sends_a_little_and_stalls_is_given_up_on(hub: HfStandin, medium: Served, models: Path) -> None:
+    """Each attempt brings > 1 MiB (so the retry count resets), then stalls: the rate rule stops it."""
+    medium.publish(hub)
+    medium.fault(hub, Fault("stall", after_bytes=MiB + MiB // 4, seconds=30, times=None))
+    dest = models / medium.filename
+    started = time.monotonic()
+    opts = options(hub, read_timeout=0.4, retries=3, min_rate=8 * MiB, rate_window=1.0)
+    with pytest.raises(DownloadError, match="too slow") as caught:
+        fetch_model(medium.entry(), dest, opts)
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    got = part_of(dest).stat().st_size
+    assert MiB < got < medium.size
+    assert f"got {got} of {medium.size} bytes" in message and "attempts" in message and "kept" in message
+
+
+def test_the_deadline_stops_a_download_that_keeps_progressing(hub: HfStandin, medium: Served, models: Path) -> None:
+    medium.publish(hub)
+    medium.fault(hub, Fault("stall", after_bytes=MiB + MiB // 4, seconds=30, times=None))
+    dest = models / medium.filename
+    opts = options(hub, read_timeout=0.4, retries=3, min_rate=0, deadline=1.0)
+    started = time.monotonic()
+    with pytest.raises(DownloadError, match="deadline of 1 s") as caught:
+        fetch_model(medium.entry(), dest, opts)
+    assert time.monotonic() - started < 10
+    assert f"of {medium.size} bytes" in str(caught.value)
+
+
+def test_the_rate_rule_lets_a_healthy_download_through(hub: HfStandin, medium: Served, models: Path) -> None:
+    medium.publish(hub)
+    result = fetch_model(medium.entry(), models / medium.filename, options(hub, min_rate=MiB, rate_window=0.05))
+    assert result.bytes_downloaded == medium.size and sha256(models / medium.filename) == medium.sha256
+
+
+def test_a_complete_part_is_verified_not_downloaded_again(
+    hub: HfStandin, tiny: Served, models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted after the last byte, before the rename (Ctrl-C during fsync): the next run only verifies."""
+    tiny.publish(hub)
+    dest = models / tiny.filename
+    real_replace = os.replace
+
+    def interrupted(src: str, dst: str) -> None:
+        if str(src).endswith(".part"):
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fetch_model(tiny.entry(), dest, options(hub))
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert part_of(dest).stat().st_size == tiny.size and not dest.exists()
+    hub.reset_counters()
+    result = fetch_model(tiny.entry(), dest, options(hub))
+    assert hub.requests == [] and result.bytes_downloaded == 0
+    assert sha256(dest) == tiny.sha256 and not part_of(dest).exists()
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_an_access_error_keeps_the_resumable_part(hub: HfStandin, medium: Served, models: Path, status: int) -> None:
+    medium.publish(hub)
+    medium.fault(hub, Fault("reset", after_bytes=3 * MiB), Fault("status", status=status, times=None))
+    dest = models / medium.filename
+    with pytest.raises(HttpStatusError, match="is kept") as caught:
+        fetch_model(medium.entry(), dest, options(hub))
+    assert caught.value.status == status
+    kept = part_of(dest).stat().st_size
+    assert kept >= 3 * MiB
+    hub.clear_faults()
+    hub.reset_counters()
+    result = fetch_model(medium.entry(), dest, options(hub))
+    assert result.resumed_from == kept and result.bytes_downloaded == medium.size - kept
+    assert sha256(dest) == medium.sha256
