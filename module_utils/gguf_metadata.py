@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from collections.abc import Callable
 from typing import Any, BinaryIO
 
 __all__ = [

@@ -131,7 +131,8 @@ def _is_loopback(address: str) -> bool:
 def _proc_start_time(pid: int) -> str | None:
     """The start time of ``pid`` (field 22 of /proc/<pid>/stat), None when it is gone or a zombie."""
     try:
-        fields = open(f"/proc/{pid}/stat", encoding="ascii", errors="replace").read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
     if not fields or fields[0] in ("Z", "X"):

@@ -7,6 +7,7 @@ import http.client
 import io
 import json
 import os
+import secrets
 import socket
 import stat
 import subprocess
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 RIGKIT = [sys.executable, str(REPO / "bin" / "rigkit"), "mirror"]
 REV = "0123456789abcdef0123456789abcdef01234567"
 OWNER_REPO = "rigkit-test/mirror-GGUF"
-SECRET = "s3cret-Token_0123456789abcdef"
+SECRET = "t" + secrets.token_urlsafe(24)  # generated: no literal that looks like a credential
 MiB = 1024 * 1024
 
 
@@ -96,7 +97,7 @@ def test_a_lan_address_needs_a_secret_and_an_allow_list(tree: Path) -> None:
     with pytest.raises(MirrorError, match="needs a secret and an allow-list"):
         ModelMirror(tree, bind="192.0.2.10", secret=SECRET)
     with pytest.raises(MirrorError, match="16 or more"):
-        ModelMirror(tree, secret="short")
+        ModelMirror(tree, secret="x" * 8)
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -144,10 +145,9 @@ def test_server_header_names_no_python(tree: Path) -> None:
 
 def test_log_lines_are_escaped(tree: Path) -> None:
     log = io.StringIO()
-    with ModelMirror(tree, log=log) as server:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
-            sock.sendall(b"GET /\x1b[31mred\x07\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n")
-            sock.recv(4096)
+    with ModelMirror(tree, log=log) as server, socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(b"GET /\x1b[31mred\x07\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.recv(4096)
     text = log.getvalue()
     assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b[31mred\\x07" in text
@@ -156,12 +156,14 @@ def test_log_lines_are_escaped(tree: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ time and connections
 def test_an_idle_connection_is_dropped_after_the_read_timeout(tree: Path) -> None:
-    with ModelMirror(tree, read_timeout=0.5) as server:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-            started = time.monotonic()
-            sock.sendall(b"GET /")  # half a request line, then nothing
-            assert sock.recv(4096) == b""  # closed by the mirror, without an answer
-            assert 0.4 < time.monotonic() - started < 5
+    with (
+        ModelMirror(tree, read_timeout=0.5) as server,
+        socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock,
+    ):
+        started = time.monotonic()
+        sock.sendall(b"GET /")  # half a request line, then nothing
+        assert sock.recv(4096) == b""  # closed by the mirror, without an answer
+        assert 0.4 < time.monotonic() - started < 5
 
 
 def test_connections_are_capped_and_threads_bounded(tree: Path) -> None:
@@ -247,8 +249,11 @@ def test_cli_mirror_exits_with_the_ansible_run_that_started_it(tree: Path, tmp_p
     )
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
     ran = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook)]
-        + ["-e", f"ansible_python_interpreter={sys.executable}"],
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            *("-i", "localhost,", "-c", "local", str(playbook)),
+            *("-e", f"ansible_python_interpreter={sys.executable}"),
+        ],
         capture_output=True,
         text=True,
         timeout=240,

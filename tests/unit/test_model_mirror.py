@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from ansible.module_utils.model_fetch import FetchOptions, fetch_model
-from ansible.module_utils.model_mirror import MirrorError, ModelMirror, escape_log, resolve_request_path
+from ansible.module_utils.model_mirror import MirrorError, ModelMirror, resolve_request_path
 
 from tests.fixtures.tiny_gemma4 import write_arch_gguf
 
