@@ -7,11 +7,12 @@ Standard library only. It serves a directory ``<root>/<owner>/<repo>/resolve/<re
 * ``GET`` and ``HEAD``; one ``Range`` per request (``bytes=a-b``, ``bytes=a-``, ``bytes=-n``) answers 206 with
   ``Content-Range``, an unsatisfiable one (or one with absurdly many digits) 416; a malformed or multi-range
   header is ignored (200, whole file).
+* ``bind``: one address or several (the controller as each group of rigs reaches it), all on one port; never
+  a wildcard address.
 * ``secret``: when given, every URL must start with ``/<secret>/``; anything else answers 404 (nothing else on
   the LAN can read the cache). The secret never appears in the log.
 * ``allow``: when given, only these ``<owner>/<repo>/resolve/<revision>/<file>`` paths are served (the files of
-  the current run); a mirror on a non-loopback address refuses to start without both ``secret`` and ``allow``,
-  and never binds a wildcard address.
+  the current run); a mirror on a non-loopback address refuses to start without both ``secret`` and ``allow``.
 * Only regular files under ``root``, opened component by component with ``O_NOFOLLOW`` (no symlink anywhere
   under the root is followed) and ``O_NONBLOCK`` (a FIFO never hangs a handler), checked on the opened
   descriptor; no directory listings, no hidden components (``.rigkit-verified`` records, ``..``), no ``.part``
@@ -45,7 +46,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 
@@ -335,7 +336,7 @@ class ModelMirror:
     def __init__(
         self,
         root: str | os.PathLike[str],
-        bind: str = "127.0.0.1",
+        bind: str | Sequence[str] = "127.0.0.1",
         port: int = 0,
         *,
         secret: str | None = None,
@@ -351,21 +352,27 @@ class ModelMirror:
         self.root = os.path.realpath(os.fspath(root))
         if not os.path.isdir(self.root):
             raise MirrorError(f"mirror root {self.root} is not a directory: create it (or fetch models into it) first")
-        if bind in ("", "0.0.0.0", "::"):  # noqa: S104 - naming the wildcard to refuse it
-            raise MirrorError(
-                f"refusing to listen on every interface ({bind or 'empty'}): bind the one address the rigs reach "
-                "(models_controller_address; 127.0.0.1 for rigs on this machine)"
-            )
+        binds = [bind] if isinstance(bind, str) else list(dict.fromkeys(bind))
+        if not binds:
+            raise MirrorError("no address to listen on: give the controller address the rigs reach")
+        for address in binds:
+            if address in ("", "0.0.0.0", "::"):  # noqa: S104 - naming the wildcard to refuse it
+                raise MirrorError(
+                    f"refusing to listen on every interface ({address or 'empty'}): bind the addresses the rigs "
+                    "reach (models_controller_address; 127.0.0.1 for rigs on this machine)"
+                )
         if secret is not None and (len(secret) < 16 or not re.fullmatch(r"[A-Za-z0-9_-]+", secret)):
             raise MirrorError("the mirror's secret must be 16 or more URL-safe characters ([A-Za-z0-9_-])")
-        if not _is_loopback(bind) and (secret is None or allow is None):
+        lan = [address for address in binds if not _is_loopback(address)]
+        if lan and (secret is None or allow is None):
             raise MirrorError(
-                f"a mirror on {bind} (not loopback) needs a secret and an allow-list of the files to serve: "
+                f"a mirror on {', '.join(lan)} (not loopback) needs a secret and an allow-list of the files to serve: "
                 "start it with `rigkit mirror --secret-file F --allow PATH ...` as playbooks/models.yml does"
             )
         if watch_pid is not None and _proc_start_time(watch_pid) is None:
             raise MirrorError(f"process {watch_pid} to watch is not running: start the mirror from the live run")
-        self.bind = bind
+        self.bind = binds[0]
+        self.binds = binds
         self.secret = secret
         self.allow = None if allow is None else frozenset(path.strip("/") for path in allow)
         self.idle_timeout = idle_timeout
@@ -383,21 +390,31 @@ class ModelMirror:
         self._last_activity = time.monotonic()
         self._stopped = threading.Event()
         self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        server_class = type("_BoundServer", (_Server,), {"address_family": family})
+        self._servers: list[_Server] = []
+        self._threads: list[threading.Thread] = []
+        slots = threading.BoundedSemaphore(max_connections)  # one cap for every address
         try:
-            self._server = server_class((bind, port), _Handler)
-        except OSError as exc:
-            hint = "pick another port" if exc.errno == errno.EADDRINUSE else "check the bind address"
-            raise MirrorError(f"cannot listen on {bind}:{port}: {exc.strerror or exc}; {hint}") from None
-        self._server.mirror = self
-        self._server.slots = threading.BoundedSemaphore(max_connections)
+            for address in binds:  # every address on one port: the first one's (a free one when port is 0)
+                family = socket.AF_INET6 if ":" in address else socket.AF_INET
+                server_class = type("_BoundServer", (_Server,), {"address_family": family})
+                wanted = port if not self._servers else self.port
+                try:
+                    server = server_class((address, wanted), _Handler)
+                except OSError as exc:
+                    hint = "pick another port" if exc.errno == errno.EADDRINUSE else "check the bind address"
+                    raise MirrorError(f"cannot listen on {address}:{wanted}: {exc.strerror or exc}; {hint}") from None
+                server.mirror = self
+                server.slots = slots
+                self._servers.append(server)
+        except MirrorError:
+            for server in self._servers:
+                server.server_close()
+            raise
 
     # ------------------------------------------------------------------ facts
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return int(self._servers[0].server_address[1])
 
     @property
     def url(self) -> str:
@@ -430,13 +447,15 @@ class ModelMirror:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ModelMirror:
         """Serve from a daemon thread, with a watchdog for the idle timeout, the maximum age and the watched pid."""
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="model-mirror", daemon=True
-        )
-        self._thread.start()
+        for server in self._servers:
+            thread = threading.Thread(
+                target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="model-mirror", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
         if self.idle_timeout > 0 or self.max_age > 0 or self.watch_pid is not None:
             threading.Thread(target=self._watch, name="model-mirror-watch", daemon=True).start()
-        self._log(f"serving {self.root} on {self.bind}:{self.port} (pid {os.getpid()})")
+        self._log(f"serving {self.root} on {', '.join(self.binds)}:{self.port} (pid {os.getpid()})")
         return self
 
     def wait(self) -> None:
@@ -451,10 +470,11 @@ class ModelMirror:
         if not first:
             self._done.wait()
             return
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-        self._server.server_close()
+        for server, thread in zip(self._servers, self._threads):
+            server.shutdown()
+            thread.join(timeout=5)
+        for server in self._servers:
+            server.server_close()
         self._write_stats()
         self._log("stopped")
         self._done.set()

@@ -85,6 +85,19 @@ def test_only_the_files_of_the_run_are_served(guarded: tuple[ModelMirror, io.Str
     assert request(server.port, f"/{SECRET}/.rigkit/stats")[0] == 404
 
 
+def test_several_addresses_share_one_port(tree: Path) -> None:
+    with ModelMirror(tree, bind=["127.0.0.1", "127.0.0.2"]) as server:
+        for address in ("127.0.0.1", "127.0.0.2"):
+            conn = http.client.HTTPConnection(address, server.port, timeout=10)
+            conn.request("HEAD", f"/{rel('model.gguf')}")
+            assert conn.getresponse().status == 200
+            conn.close()
+        with socket.socket() as sock:  # and nothing else: not a wildcard
+            assert sock.connect_ex(("127.0.0.3", server.port)) != 0
+    with pytest.raises(MirrorError, match="every interface"):
+        ModelMirror(tree, bind=["127.0.0.1", "0.0.0.0"])
+
+
 @pytest.mark.parametrize("bind", ["0.0.0.0", "::", ""])
 def test_wildcard_bind_is_refused(tree: Path, bind: str) -> None:
     with pytest.raises(MirrorError, match="every interface"):
