@@ -470,7 +470,7 @@ class ModelMirror:
         if not first:
             self._done.wait()
             return
-        for server, thread in zip(self._servers, self._threads):
+        for server, thread in zip(self._servers, self._threads, strict=False):  # no threads: never started
             server.shutdown()
             thread.join(timeout=5)
         for server in self._servers:
