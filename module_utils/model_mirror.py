@@ -301,10 +301,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         if isinstance(wanted, tuple):
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        if self.command == "HEAD":  # counted before the answer leaves: a client never sees stale counters
+            self.server.mirror._served(key, sent=0, complete=False, head=True)
+            self.end_headers()
+            return
         self.end_headers()
-        head = self.command == "HEAD"
-        sent = 0 if head else self._sendfile(fd, start, end)
-        self.server.mirror._served(key, sent=sent, complete=not head and sent == end - start, head=head)
+        sent = self._sendfile(fd, start, end)
+        self.server.mirror._served(key, sent=sent, complete=sent == end - start, head=False)
 
     def _sendfile(self, fd: int, start: int, end: int) -> int:
         self.wfile.flush()
