@@ -66,6 +66,13 @@ options:
       - Hugging Face access token, sent as a bearer token (gated and private repositories). Never returned or
         logged. Dropped when a redirect leaves the base URL's host.
       - Falls back to the E(HF_TOKEN) environment variable of the managed host.
+      - Never sent to the controller's mirror (O(mirror_secret) set), whether given or from the environment.
+    type: str
+  mirror_secret:
+    description:
+      - The per-run secret of the controller's model mirror (C(bin/rigkit mirror --secret-file)); the URLs become
+        C({base_url}/{mirror_secret}/{repo}/resolve/...). Never returned or logged.
+      - Marks O(base_url) as the controller's mirror, so no token (neither O(token) nor E(HF_TOKEN)) goes there.
     type: str
   allow_insecure_http:
     description: Accept a plain C(http://) base URL or redirect. Only for a trusted LAN mirror.
@@ -89,6 +96,20 @@ options:
     description: Seconds allowed to connect (TCP and TLS).
     type: float
     default: 15
+  min_rate:
+    description:
+      - Minimum average rate in bytes per second over every O(rate_window) seconds (retries and stalls
+        included); slower, the download stops with how far it got and keeps the part. C(0) turns it off.
+    type: float
+    default: 65536
+  rate_window:
+    description: Seconds over which O(min_rate) is measured.
+    type: float
+    default: 600
+  deadline:
+    description: Seconds for the whole download, retries included; C(0) for none.
+    type: float
+    default: 0
   retries:
     description: Consecutive failed attempts without progress tolerated before giving up.
     type: int
@@ -197,11 +218,14 @@ error_kind:
 """
 
 import os
+import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible.module_utils.model_fetch import (
     DEFAULT_BASE_URL,
+    DEFAULT_MIN_RATE,
+    DEFAULT_RATE_WINDOW_S,
     CatalogEntry,
     FetchError,
     FetchOptions,
@@ -227,12 +251,16 @@ def argument_spec() -> dict:
         "dest": {"type": "path", "required": True},
         "base_url": {"type": "str", "default": DEFAULT_BASE_URL},
         "token": {"type": "str", "no_log": True, "fallback": (env_fallback, ["HF_TOKEN"])},
+        "mirror_secret": {"type": "str", "no_log": True},
         "allow_insecure_http": {"type": "bool", "default": False},
         "ca_file": {"type": "path"},
         "verify": {"type": "str", "choices": ["fast", "full"], "default": "fast"},
         "timeout": {"type": "float", "default": 60.0},
         "connect_timeout": {"type": "float", "default": 15.0},
         "retries": {"type": "int", "default": 5},
+        "min_rate": {"type": "float", "default": float(DEFAULT_MIN_RATE)},
+        "rate_window": {"type": "float", "default": DEFAULT_RATE_WINDOW_S},
+        "deadline": {"type": "float", "default": 0.0},
         "backoff": {"type": "float", "default": 1.0},
         "progress": {"type": "bool", "default": False},
     }
@@ -344,15 +372,22 @@ def main() -> None:
     )
     params = module.params
     dest = params["dest"]
+    secret = params["mirror_secret"] or None
+    if secret is not None and not re.fullmatch(r"[A-Za-z0-9_-]{16,}", secret):
+        module.fail_json(msg="mirror_secret must be the 16+ URL-safe characters `rigkit mirror --secret-file` wrote")
     options = FetchOptions(
-        base_url=params["base_url"],
-        token=params["token"] or None,
+        # The controller's mirror: its secret is the first path component; it never sees a token.
+        base_url=f"{params['base_url'].rstrip('/')}/{secret}" if secret else params["base_url"],
+        token=None if secret else params["token"] or None,
         allow_insecure_http=params["allow_insecure_http"],
         ca_file=params["ca_file"],
         verify=params["verify"],
         connect_timeout=params["connect_timeout"],
         read_timeout=params["timeout"],
         retries=params["retries"],
+        min_rate=params["min_rate"],
+        rate_window=params["rate_window"],
+        deadline=params["deadline"],
         backoff_initial=params["backoff"],
         check_mode=module.check_mode,
     )

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import struct
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, BinaryIO
@@ -22,6 +24,7 @@ __all__ = [
     "GGUF_MAGIC",
     "SUPPORTED_VERSIONS",
     "GgufArray",
+    "GgufBudget",
     "GgufError",
     "GgufMetadata",
     "GgufTensorInfo",
@@ -39,6 +42,27 @@ _MAX_STRING_BYTES = 64 * 1024 * 1024
 _MAX_TENSOR_DIMS = 8
 _MAX_COUNT = 2**32
 _READ_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GgufBudget:
+    """What one header may cost before the reader gives up (a hostile or corrupt file, not a model).
+
+    Sized for real Gemma 4 files with a wide margin: a Gemma 4 E4B header has ~2,000 tensors, ~60 keys and a
+    262,144-token vocabulary (tokens + scores + token types: ~790k array items, ~6 MB), read in well under a
+    second. Every limit is checked before the work it bounds where the header says the size up front.
+    """
+
+    max_keys: int = 16_384  # metadata key/value pairs (real files: under 100)
+    max_tensors: int = 65_536  # tensor descriptors (Gemma 4: ~2,000; the biggest MoE GGUFs: under 20,000)
+    max_items: int = 16_000_000  # keys + array items + tensors, skipped or kept (Gemma 4: under 1 M)
+    max_kept_items: int = 2_000_000  # array items materialised as Python objects (memory)
+    max_header_bytes: int = 256 * 1024 * 1024  # bytes parsed before the tensor data (Gemma 4: ~6 MB)
+    max_seconds: float = 30.0  # wall time for the whole header
+
+
+DEFAULT_BUDGET = GgufBudget()
+_CHECK_EVERY = 65_536  # items between two time/byte checks inside one array
 
 
 class GgufValueType(IntEnum):
@@ -312,11 +336,15 @@ class _Cursor:
         self._buf = b""
         self._pos = 0
 
-    def skip_strings(self, count: int, length_fmt: struct.Struct, what: str) -> None:
+    def skip_strings(
+        self, count: int, length_fmt: struct.Struct, what: str, check: Callable[[], None] | None = None
+    ) -> None:
         """Skip ``count`` length-prefixed strings (the hot loop for 256k-token vocabularies)."""
         unpack_from = length_fmt.unpack_from
         width = length_fmt.size
-        for _ in range(count):
+        for index in range(count):
+            if check is not None and index % _CHECK_EVERY == _CHECK_EVERY - 1:
+                check()
             if len(self._buf) - self._pos < width:
                 self._ensure(width, what)
             length = unpack_from(self._buf, self._pos)[0]
@@ -332,17 +360,44 @@ class _Cursor:
 
 
 class _HeaderParser:
-    def __init__(self, cursor: _Cursor, path: str, order: str, max_array_items: int) -> None:
+    def __init__(
+        self, cursor: _Cursor, path: str, order: str, max_array_items: int, budget: GgufBudget = DEFAULT_BUDGET
+    ) -> None:
         self._cur = cursor
         self._path = path
         self._order = order
         self._max_array_items = max_array_items
+        self._budget = budget
+        self._deadline = time.monotonic() + budget.max_seconds
+        self._items = 0
+        self._kept = 0
         self._u32 = struct.Struct(order + "I")
         self._u64 = struct.Struct(order + "Q")
         self._scalars = {vtype: struct.Struct(order + fmt) for vtype, fmt in _SCALAR_FORMATS.items()}
 
     def error(self, problem: str) -> GgufError:
         return GgufError(self._path, problem)
+
+    def over_budget(self, problem: str) -> GgufError:
+        return self.error(f"GGUF header over the reader's budget: {problem} (a corrupt or hostile file, not a model)")
+
+    def check(self) -> None:
+        """The time and byte limits (called per key, per tensor and every 65,536 array items)."""
+        if self._cur.offset > self._budget.max_header_bytes:
+            raise self.over_budget(f"more than {self._budget.max_header_bytes} bytes of header parsed")
+        if time.monotonic() > self._deadline:
+            raise self.over_budget(
+                f"parsing took longer than {self._budget.max_seconds:g} s (at byte {self._cur.offset})"
+            )
+
+    def spend(self, items: int, kept: int, what: str) -> None:
+        """Account for ``items`` more header items (``kept`` of them materialised) before reading them."""
+        self._items += items
+        self._kept += kept
+        if self._items > self._budget.max_items:
+            raise self.over_budget(f"{what} brings the header past {self._budget.max_items} items")
+        if self._kept > self._budget.max_kept_items:
+            raise self.over_budget(f"{what} brings the kept array items past {self._budget.max_kept_items}")
 
     def u32(self, what: str) -> int:
         return int(self._cur.unpack(self._u32, what)[0])
@@ -354,6 +409,8 @@ class _HeaderParser:
         length = self.u64(f"{what} length")
         if length > _MAX_STRING_BYTES:
             raise self.error(f"corrupt GGUF header: {what} claims {length} bytes at offset {self._cur.offset}")
+        if self._cur.offset + length > self._budget.max_header_bytes:
+            raise self.over_budget(f"{what} ends past {self._budget.max_header_bytes} bytes of header")
         return self._cur.read(length, what).decode("utf-8", errors="replace")
 
     def value_type(self, what: str) -> GgufValueType:
@@ -379,7 +436,9 @@ class _HeaderParser:
             raise self.error(f"corrupt GGUF header: array {key!r} claims {count} items, more than the file holds")
         if item_type == GgufValueType.ARRAY:
             raise self.error(f"unsupported GGUF header: nested array in {key!r}")
-        if count > self._max_array_items:
+        keep = count <= self._max_array_items
+        self.spend(count, count if keep else 0, f"array {key!r} of {count} items")
+        if not keep:
             self._skip_items(item_type, count, key)
             return GgufArray(item_type, count), item_type
         if item_type == GgufValueType.STRING:
@@ -392,7 +451,7 @@ class _HeaderParser:
         if item_type != GgufValueType.STRING:
             self._cur.skip(struct.calcsize(_SCALAR_FORMATS[item_type]) * count, f"items of {key!r}")
             return
-        self._cur.skip_strings(count, self._u64, f"item of {key!r}")
+        self._cur.skip_strings(count, self._u64, f"item of {key!r}", self.check)
 
     def tensor_info(self, index: int) -> GgufTensorInfo:
         what = f"tensor #{index}"
@@ -427,12 +486,15 @@ def read_gguf_metadata(
     *,
     read_tensors: bool = True,
     max_array_items: int = DEFAULT_MAX_ARRAY_ITEMS,
+    budget: GgufBudget = DEFAULT_BUDGET,
 ) -> GgufMetadata:
     """Parse the header of the GGUF at ``path`` (never its tensor data).
 
     ``read_tensors`` also reads the tensor descriptors (names, shapes, types, offsets), which sit between
     the metadata and the data. Arrays longer than ``max_array_items`` become GgufArray placeholders.
-    Raises GgufError (bad magic, unsupported version, truncated or corrupt header) and OSError.
+    ``budget`` bounds what the header may cost (keys, tensors, items, bytes, seconds: see GgufBudget).
+    Raises GgufError (bad magic, unsupported version, truncated or corrupt header, over budget, a duplicate
+    key) and OSError.
     """
     path_str = os.fspath(path)
     with open(path_str, "rb") as handle:
@@ -448,11 +510,16 @@ def read_gguf_metadata(
                 "(an HTML error page, a Git LFS pointer or a different format saved under this name?)",
             )
         order, version = _detect_byte_order(path_str, cursor.read(4, "version"))
-        parser = _HeaderParser(cursor, path_str, order, max_array_items)
+        parser = _HeaderParser(cursor, path_str, order, max_array_items, budget)
         tensor_count = parser.u64("tensor count")
         kv_count = parser.u64("metadata key/value count")
         if kv_count > _MAX_COUNT or tensor_count > _MAX_COUNT:
             raise GgufError(path_str, f"corrupt GGUF header: claims {tensor_count} tensors and {kv_count} keys")
+        if kv_count > budget.max_keys:
+            raise parser.over_budget(f"it claims {kv_count} metadata keys, more than {budget.max_keys}")
+        if read_tensors and tensor_count > budget.max_tensors:
+            raise parser.over_budget(f"it claims {tensor_count} tensors, more than {budget.max_tensors}")
+        parser.spend(kv_count + (tensor_count if read_tensors else 0), 0, "the key and tensor counts")
         # every key/value takes at least 13 bytes and every tensor descriptor at least 24
         if kv_count * 13 + tensor_count * 24 > cursor.remaining:
             raise GgufError(
@@ -464,7 +531,12 @@ def read_gguf_metadata(
         kv_types: dict[str, GgufValueType] = {}
         item_types: dict[str, GgufValueType] = {}
         for index in range(kv_count):
+            parser.check()
             key = parser.string(f"metadata key #{index}")
+            if key in kv_types:
+                raise GgufError(
+                    path_str, f"corrupt GGUF header: metadata key {key!r} appears twice (#{index} repeats it)"
+                )
             vtype = parser.value_type(f"type of {key!r}")
             value, item_type = parser.value(vtype, key)
             kv[key] = value
@@ -482,7 +554,12 @@ def read_gguf_metadata(
             array_item_types=item_types,
         )
         if read_tensors:
-            meta.tensors = [parser.tensor_info(index) for index in range(tensor_count)]
+            meta.tensors = []
+            for index in range(tensor_count):
+                if index % 1024 == 0:
+                    parser.check()
+                meta.tensors.append(parser.tensor_info(index))
+            parser.check()
             align = meta.alignment
             meta.data_offset = (cursor.offset + align - 1) // align * align
     return meta

@@ -45,6 +45,8 @@ from ansible.module_utils.model_catalog import CatalogError, check_deployable
 
 __all__ = [
     "DEFAULT_BASE_URL",
+    "DEFAULT_MIN_RATE",
+    "DEFAULT_RATE_WINDOW_S",
     "CatalogEntry",
     "DiskSpaceError",
     "DownloadError",
@@ -75,6 +77,10 @@ RECORD_SCHEMA = 1
 # that dribbles a few bytes and stalls again still runs out of retries.
 PROGRESS_BYTES = 1024 * 1024
 USER_AGENT = "rigkit-gguf-fetch/1"
+# 64 KiB/s over 10 minutes: a slow line (512 kbit/s) still finishes, a server that sends a little and stalls
+# (1 MiB every read timeout, forever) is given up on with a clear message instead of retried for days.
+DEFAULT_MIN_RATE = 64 * 1024
+DEFAULT_RATE_WINDOW_S = 600.0
 
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
@@ -191,6 +197,11 @@ class FetchOptions:
     connect_timeout: float = 15.0
     read_timeout: float = 60.0  # longest stall allowed between two reads
     retries: int = 5  # consecutive failed attempts (each with < 1 MiB progress) tolerated before giving up
+    # The rate rule: over every window of rate_window seconds the download must bring min_rate bytes/s on
+    # average (retries and stalls included), or it stops with what it got; 0 turns the rule off.
+    min_rate: float = DEFAULT_MIN_RATE
+    rate_window: float = DEFAULT_RATE_WINDOW_S
+    deadline: float = 0.0  # seconds for the whole download (retries included); 0: none
     backoff_initial: float = 1.0
     backoff_max: float = 60.0
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -206,6 +217,8 @@ class FetchOptions:
             raise FetchError(f"verify must be 'fast' or 'full', not {self.verify!r}")
         if self.retries < 0:
             raise FetchError(f"retries must be 0 or more, not {self.retries}")
+        if self.min_rate < 0 or self.rate_window <= 0 or self.deadline < 0:
+            raise FetchError("min_rate and deadline must be 0 or more, rate_window a positive number of seconds")
         if self.connect_timeout <= 0 or self.read_timeout <= 0:
             raise FetchError("connect_timeout and read_timeout must be positive numbers of seconds")
         if not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:
@@ -353,6 +366,21 @@ def _read_json(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _open_regular(path: str, flags: int, what: str) -> BinaryIO:
+    """Open ``path`` read-write without following a symlink and without blocking; only a regular file."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EEXIST, errno.ENXIO):
+            raise FetchError(f"{path} ({what}) is a symlink or not a regular file: remove it and re-run") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FetchError(f"{path} ({what}) is not a regular file: remove it and re-run")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+b")
+
+
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -389,6 +417,9 @@ class _Fetcher:
         self._fh: BinaryIO | None = None
         self._hasher: Any = None
         self._offset = 0
+        self._clock = time.monotonic
+        self._started = 0.0
+        self._window = (0.0, 0)  # (start, bytes_downloaded then) of the current rate window
 
     def log(self, message: str) -> None:
         self.result.events.append(message)
@@ -408,8 +439,11 @@ class _Fetcher:
             return self.result
         if self.opts.check_mode:
             return self._run_locked()
-        os.makedirs(os.path.join(self.dest_dir, VERIFY_DIR), exist_ok=True)
-        with open(_lock_path(self.dest), "a+") as lock:
+        verify_dir = os.path.join(self.dest_dir, VERIFY_DIR)
+        os.makedirs(verify_dir, exist_ok=True)
+        if os.path.islink(verify_dir) or not os.path.isdir(verify_dir):
+            raise FetchError(f"{verify_dir} is not a plain directory (a symlink?): remove it and re-run")
+        with _open_regular(_lock_path(self.dest), os.O_RDWR | os.O_CREAT, "lock file") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -441,11 +475,12 @@ class _Fetcher:
     # ------------------------------------------------------------------ existing file
     def _inspect_existing(self) -> tuple[bool, str]:
         try:
-            st = os.stat(self.dest)
+            st = os.lstat(self.dest)  # a symlink is not the kit's file, whatever it points to
         except FileNotFoundError:
             return False, "not present"
         if not stat.S_ISREG(st.st_mode):
-            raise FetchError(f"{self.dest} exists but is not a regular file: move it away and re-run")
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise FetchError(f"{self.dest} exists but is {what}: move it away and re-run")
         if self.opts.verify == "fast" and self._record_matches(st):
             self.result.verification = "fast"
             return True, ""
@@ -485,9 +520,12 @@ class _Fetcher:
     def _usable_part(self) -> int:
         """Bytes of a resumable part from the same pin; a stale or foreign part is discarded."""
         try:
-            st = os.stat(self.part)
+            st = os.lstat(self.part)  # never follow a link planted at the part's name
         except FileNotFoundError:
             return 0
+        if not stat.S_ISREG(st.st_mode):
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise FetchError(f"{self.part} is {what}, not a download of the kit's: remove it and re-run")
         meta = _read_json(_part_meta_path(self.dest)) or {}
         same_pin = meta.get("sha256") == self.entry.sha256 and meta.get("size") == self.entry.size
         if stat.S_ISREG(st.st_mode) and same_pin and st.st_size <= self.entry.size:
@@ -520,7 +558,10 @@ class _Fetcher:
         )
         discard = True  # a part that failed verification (or filled the disk) must go
         try:
-            with open(self.part, "r+b" if resume_from else "w+b") as fh:
+            if not resume_from:
+                _unlink_quietly(self.part)  # a fresh part is created, never opened through what is there
+            flags = os.O_RDWR if resume_from else os.O_RDWR | os.O_CREAT | os.O_EXCL
+            with _open_regular(self.part, flags, "partial download") as fh:
                 self._fh = fh
                 self._hasher = hashlib.sha256()
                 if resume_from:
@@ -547,6 +588,17 @@ class _Fetcher:
                     "free some space, then re-run"
                 ) from None
             raise
+        except HttpStatusError as exc:
+            # About access (an expired token, a license not accepted yet, a mirror gone), not the content: the
+            # bytes already here still belong to this pin.
+            if exc.status in (401, 403, 404) and self._offset:
+                discard = False
+                raise HttpStatusError(
+                    f"{exc} The partial file ({self._offset} of {self.entry.size} bytes) is kept: re-run once "
+                    "access is fixed and the download resumes from there.",
+                    exc.status,
+                ) from None
+            raise
         except FetchError:
             raise
         except BaseException:  # interrupted (or a bug): the part stays resumable, its pin is recorded
@@ -568,9 +620,42 @@ class _Fetcher:
         self._offset = 0
         self.result.restarted = True
 
+    def _progress_note(self) -> str:
+        elapsed = self._clock() - self._started
+        share = 100.0 * self._offset / self.entry.size if self.entry.size else 100.0
+        return (
+            f"got {self._offset} of {self.entry.size} bytes ({share:.1f} %, {_human(self._offset)}), "
+            f"{_human(self.result.bytes_downloaded)} in {elapsed:.0f} s over {self.result.attempts} attempts"
+        )
+
+    def _check_pace(self) -> None:
+        """The deadline and the minimum-rate rule (see FetchOptions); raises DownloadError with how far it got."""
+        now = self._clock()
+        kept = "the partial file is kept and resumed on the next run" if self._offset else "nothing was kept"
+        if self.opts.deadline and now - self._started > self.opts.deadline:
+            raise DownloadError(
+                f"download of {self.entry.where} passed its deadline of {self.opts.deadline:g} s: "
+                f"{self._progress_note()}. Check the network or the mirror (or raise the deadline); {kept}."
+            )
+        start, bytes_then = self._window
+        if self.opts.min_rate and now - start >= self.opts.rate_window:
+            got = self.result.bytes_downloaded - bytes_then
+            if got < self.opts.min_rate * self.opts.rate_window:
+                raise DownloadError(
+                    f"download of {self.entry.where} is too slow: {_human(got)} in the last {now - start:.0f} s, "
+                    f"below the minimum of {_human(self.opts.min_rate)}/s; {self._progress_note()}. Check the "
+                    f"network or the mirror (or lower the minimum rate); {kept}."
+                )
+            self._window = (now, self.result.bytes_downloaded)
+
     def _transfer(self) -> None:
         failures = 0
         use_range = True
+        self._started = self._clock()
+        self._window = (self._started, 0)
+        if self._offset == self.entry.size:
+            self.log(f"{self.part} is complete: verifying it, nothing to download")
+            return
         while True:
             received = self.result.bytes_downloaded
             self.result.attempts += 1
@@ -606,6 +691,7 @@ class _Fetcher:
                 raise DownloadError(f"download of {self.entry.where} kept restarting; giving up")
             if delay:
                 self._sleep(delay)
+            self._check_pace()
 
     def _attempt(self) -> None:
         headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
@@ -665,6 +751,7 @@ class _Fetcher:
                 self.result.bytes_downloaded += len(data)
                 if self.opts.progress is not None:
                     self.opts.progress(self._offset, self.entry.size)
+                self._check_pace()
         except TimeoutError:
             raise _Transient(
                 f"no data for {self.opts.read_timeout:g} s (read timeout) at byte {self._offset}"

@@ -1,18 +1,27 @@
 """A read-only HTTP server for model files laid out as Hugging Face's ``resolve/`` URLs.
 
 Standard library only. It serves a directory ``<root>/<owner>/<repo>/resolve/<revision>/<filename>`` at
-``http://<bind>:<port>/<owner>/<repo>/resolve/<revision>/<filename>``, so ``model_fetch`` uses it as its
+``http://<bind>:<port>[/<secret>]/<owner>/<repo>/resolve/<revision>/<filename>``, so ``model_fetch`` uses it as its
 ``base_url`` unchanged (the controller's model cache for the rigs of a LAN, or the sandbox's stand-in hub).
 
 * ``GET`` and ``HEAD``; one ``Range`` per request (``bytes=a-b``, ``bytes=a-``, ``bytes=-n``) answers 206 with
-  ``Content-Range``, an unsatisfiable one 416; a malformed or multi-range header is ignored (200, whole file).
-* Only regular files under ``root`` at a ``/<owner>/<repo>/resolve/<revision>/<path>`` URL: no directory
-  listings, no hidden components (``.rigkit-verified`` records, ``..``), no ``.part`` downloads in progress,
-  no symlink that leads out of ``root``. Everything else answers 404.
-* ``GET /.rigkit/stats``: JSON counters per served path (``bytes`` of body sent, ``requests``, ``complete``)
-  for tests and benchmarks; also written to ``stats_file`` after each body and at shutdown when given.
-* ``idle_timeout``: the server stops by itself after that many seconds without a request or an open
-  transfer, so a mirror whose playbook was interrupted does not outlive it for long.
+  ``Content-Range``, an unsatisfiable one (or one with absurdly many digits) 416; a malformed or multi-range
+  header is ignored (200, whole file).
+* ``bind``: one address or several (the controller as each group of rigs reaches it), all on one port; never
+  a wildcard address.
+* ``secret``: when given, every URL must start with ``/<secret>/``; anything else answers 404 (nothing else on
+  the LAN can read the cache). The secret never appears in the log.
+* ``allow``: when given, only these ``<owner>/<repo>/resolve/<revision>/<file>`` paths are served (the files of
+  the current run); a mirror on a non-loopback address refuses to start without both ``secret`` and ``allow``.
+* Only regular files under ``root``, opened component by component with ``O_NOFOLLOW`` (no symlink anywhere
+  under the root is followed) and ``O_NONBLOCK`` (a FIFO never hangs a handler), checked on the opened
+  descriptor; no directory listings, no hidden components (``.rigkit-verified`` records, ``..``), no ``.part``
+  downloads in progress. Everything else answers 404.
+* Counters per served path (``bytes`` of body sent, ``requests``, ``complete``) through ``stats()`` and
+  ``stats_file`` (written after each body and at shutdown); no HTTP endpoint exposes them.
+* Lifetime: ``idle_timeout`` (no request and no open transfer for that long), ``max_age`` (a hard limit) and
+  ``watch_pid`` (stop when that process, the Ansible run that started the mirror, is gone). Each connection
+  has a read timeout and at most ``max_connections`` are served at once (the rest are closed at once).
 
     mirror = ModelMirror("/var/cache/rigkit/models", bind="127.0.0.1", port=0).start()
     mirror.url                         # "http://127.0.0.1:41234"
@@ -25,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import errno
+import hmac
+import ipaddress
 import json
 import os
 import re
@@ -35,36 +46,99 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 
-__all__ = ["STATS_PATH", "MirrorError", "ModelMirror", "resolve_request_path"]
+__all__ = ["MirrorError", "ModelMirror", "escape_log", "open_served_file", "resolve_request_path"]
 
-STATS_PATH = "/.rigkit/stats"
 SEND_CHUNK = 8 * 1024 * 1024
 SEND_TIMEOUT_S = 120  # a client that accepts nothing for this long is dropped
+READ_TIMEOUT_S = 30.0  # a client that sends no complete request line/headers for this long is dropped
+MAX_CONNECTIONS = 32
+MAX_RANGE_DIGITS = 19  # more digits than any file size: answered 416 (never handed to int())
+WATCH_INTERVAL_S = 0.5
 
 _RESOLVE_RE = re.compile(r"^/[^/]+/[^/]+/resolve/[^/]+/.+$")
 _RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
 
 
 class MirrorError(Exception):
     """The mirror cannot start (bad root, address in use); the message says what to change."""
 
 
-def resolve_request_path(root: str, url_path: str) -> str | None:
-    """The file under ``root`` that ``url_path`` names, or None when it is not one the mirror may serve."""
+def escape_log(text: str) -> str:
+    """One log line whatever a client sent: control characters and backslashes escaped, non-ASCII as \\u."""
+    escaped = _CONTROL_RE.sub(lambda m: "\\\\" if m[0] == "\\" else f"\\x{ord(m[0]):02x}", text)
+    return escaped.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _url_parts(url_path: str) -> list[str] | None:
+    """The components of a servable ``/<owner>/<repo>/resolve/<revision>/<file>`` path, or None."""
     path = urllib.parse.unquote(url_path)
     if "\x00" in path or "\\" in path or not _RESOLVE_RE.match(path):
         return None
     parts = path[1:].split("/")
     if any(part in ("", ".", "..") or part.startswith(".") for part in parts) or parts[-1].endswith(".part"):
         return None
+    return parts
+
+
+def resolve_request_path(root: str, url_path: str) -> str | None:
+    """The file under ``root`` that ``url_path`` names, or None when it is not one the mirror may serve.
+
+    No symlink is followed anywhere below the root: the resolved path must be the literal one.
+    """
+    parts = _url_parts(url_path)
+    if parts is None:
+        return None
     real_root = os.path.realpath(root)
-    candidate = os.path.realpath(os.path.join(real_root, *parts))
-    if os.path.commonpath([real_root, candidate]) != real_root:
-        return None  # a symlink that leads out of the root
-    return candidate
+    literal = os.path.join(real_root, *parts)
+    if os.path.realpath(literal) != literal:
+        return None  # a symlink somewhere below the root (out of it, or to a hidden file or a .part)
+    return literal
+
+
+def open_served_file(root: str, parts: list[str]) -> tuple[int, os.stat_result] | None:
+    """Open ``root/<parts>`` without following any symlink, without blocking; only a regular file."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        file_fd = os.open(parts[-1], flags, dir_fd=fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    st = os.fstat(file_fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(file_fd)
+        return None
+    os.set_blocking(file_fd, True)  # sendfile() from an O_NONBLOCK file would not wait for the socket
+    return file_fd, st
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """The start time of ``pid`` (field 22 of /proc/<pid>/stat), None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return fields[19] if len(fields) > 19 else None
 
 
 class _Stats:
@@ -72,6 +146,7 @@ class _Stats:
         self._lock = threading.Lock()
         self.files: dict[str, dict[str, int]] = {}
         self.started = time.time()
+        self.credentialed = 0  # requests that carried an Authorization or Cookie header
 
     def add(self, path: str, *, sent: int, complete: bool, head: bool) -> None:
         with self._lock:
@@ -89,6 +164,7 @@ class _Stats:
         return {
             "files": files,
             "total_bytes": sum(counters["bytes"] for counters in files.values()),
+            "credentialed_requests": self.credentialed,
             "started": self.started,
             "pid": os.getpid(),
         }
@@ -98,11 +174,29 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     mirror: ModelMirror
+    slots: threading.BoundedSemaphore
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):  # over the cap: close at once, no thread
+            self.mirror._log(f"{client_address[0]} refused: {self.mirror.max_connections} connections already open")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:  # a client that hung up is not news
         exc = sys.exc_info()[1]
         if not isinstance(exc, (ConnectionError, TimeoutError)):
-            super().handle_error(request, client_address)
+            self.mirror._log(f"{client_address[0]} handler error: {exc.__class__.__name__}: {exc}")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -110,13 +204,16 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "rigkit-mirror/1"
 
+    def version_string(self) -> str:  # no Python version in the Server header
+        return self.server_version
+
     def log_message(self, format: str, *args: Any) -> None:
         self.server.mirror._log(f"{self.client_address[0]} {format % args}")
 
     def setup(self) -> None:
         super().setup()
-        # A kernel-level send timeout keeps the socket blocking for os.sendfile while still dropping dead clients.
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", SEND_TIMEOUT_S, 0))
+        self.connection.settimeout(self.server.mirror.read_timeout)  # a request that never completes is dropped
 
     # ------------------------------------------------------------------ answers
     def _plain(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
@@ -142,32 +239,22 @@ class _Handler(BaseHTTPRequestHandler):
             mirror._busy(-1)
 
     def _answer(self) -> None:
+        mirror = self.server.mirror
+        if self.headers.get("Authorization") or self.headers.get("Cookie"):
+            mirror._credentialed()  # the mirror needs none: a client that sends one leaks it over plain http
         url_path = urllib.parse.urlsplit(self.path).path
-        if url_path == STATS_PATH:
-            body = json.dumps(self.server.mirror.stats(), indent=1).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-            return
-        path = resolve_request_path(self.server.mirror.root, url_path)
-        if path is None:
+        key = mirror.strip_secret(url_path)
+        parts = _url_parts(key) if key is not None else None
+        if key is None or parts is None or not mirror.allowed("/".join(parts)):
             self._plain(404, "not found: the mirror serves /<owner>/<repo>/resolve/<revision>/<file> only")
             return
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+        opened = open_served_file(mirror.root, parts)
+        if opened is None:
             self._plain(404, "not found")
             return
+        fd, st = opened
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                self._plain(404, "not found")
-                return
-            self._send_file(fd, st, urllib.parse.unquote(url_path))
+            self._send_file(fd, st, "/" + "/".join(parts))
         finally:
             os.close(fd)
 
@@ -182,6 +269,8 @@ class _Handler(BaseHTTPRequestHandler):
         match = _RANGE_RE.match(header)
         if not match or (not match[1] and not match[2]):
             return None
+        if len(match[1]) > MAX_RANGE_DIGITS or len(match[2]) > MAX_RANGE_DIGITS:
+            return False  # beyond any file; never parsed (int() refuses very long digit strings)
         if match[1]:
             start = int(match[1])
             end = min(size, int(match[2]) + 1) if match[2] else size
@@ -212,13 +301,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         if isinstance(wanted, tuple):
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        if self.command == "HEAD":  # counted before the answer leaves: a client never sees stale counters
+            self.server.mirror._served(key, sent=0, complete=False, head=True)
+            self.end_headers()
+            return
         self.end_headers()
-        head = self.command == "HEAD"
-        sent = 0 if head else self._sendfile(fd, start, end)
-        self.server.mirror._served(key, sent=sent, complete=not head and sent == end - start, head=head)
+        sent = self._sendfile(fd, start, end)
+        self.server.mirror._served(key, sent=sent, complete=sent == end - start, head=False)
 
     def _sendfile(self, fd: int, start: int, end: int) -> int:
         self.wfile.flush()
+        # Blocking for os.sendfile; the kernel-level send timeout (SO_SNDTIMEO) still drops a dead client.
+        self.connection.settimeout(None)
         out = self.connection.fileno()
         offset = start
         try:
@@ -231,6 +325,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.EAGAIN, errno.ETIMEDOUT):
                 self.server.mirror._log(f"sending {self.path} failed: {exc}")
+        finally:
+            with contextlib.suppress(OSError):
+                self.connection.settimeout(self.server.mirror.read_timeout)
         if offset < end:
             self.close_connection = True
         return offset - start
@@ -242,51 +339,108 @@ class ModelMirror:
     def __init__(
         self,
         root: str | os.PathLike[str],
-        bind: str = "127.0.0.1",
+        bind: str | Sequence[str] = "127.0.0.1",
         port: int = 0,
         *,
+        secret: str | None = None,
+        allow: Iterable[str] | None = None,
         idle_timeout: float = 0.0,
+        max_age: float = 0.0,
+        watch_pid: int | None = None,
+        read_timeout: float = READ_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
         stats_file: str | os.PathLike[str] | None = None,
         log: TextIO | None = None,
     ) -> None:
         self.root = os.path.realpath(os.fspath(root))
         if not os.path.isdir(self.root):
             raise MirrorError(f"mirror root {self.root} is not a directory: create it (or fetch models into it) first")
-        self.bind = bind
+        binds = [bind] if isinstance(bind, str) else list(dict.fromkeys(bind))
+        if not binds:
+            raise MirrorError("no address to listen on: give the controller address the rigs reach")
+        for address in binds:
+            if address in ("", "0.0.0.0", "::"):  # noqa: S104 - naming the wildcard to refuse it
+                raise MirrorError(
+                    f"refusing to listen on every interface ({address or 'empty'}): bind the addresses the rigs "
+                    "reach (models_controller_address; 127.0.0.1 for rigs on this machine)"
+                )
+        if secret is not None and (len(secret) < 16 or not re.fullmatch(r"[A-Za-z0-9_-]+", secret)):
+            raise MirrorError("the mirror's secret must be 16 or more URL-safe characters ([A-Za-z0-9_-])")
+        lan = [address for address in binds if not _is_loopback(address)]
+        if lan and (secret is None or allow is None):
+            raise MirrorError(
+                f"a mirror on {', '.join(lan)} (not loopback) needs a secret and an allow-list of the files to serve: "
+                "start it with `rigkit mirror --secret-file F --allow PATH ...` as playbooks/models.yml does"
+            )
+        if watch_pid is not None and _proc_start_time(watch_pid) is None:
+            raise MirrorError(f"process {watch_pid} to watch is not running: start the mirror from the live run")
+        self.bind = binds[0]
+        self.binds = binds
+        self.secret = secret
+        self.allow = None if allow is None else frozenset(path.strip("/") for path in allow)
         self.idle_timeout = idle_timeout
+        self.max_age = max_age
+        self.watch_pid = watch_pid
+        self._watch_start = _proc_start_time(watch_pid) if watch_pid is not None else None
+        self.read_timeout = read_timeout
+        self.max_connections = max_connections
         self.stats_file = os.fspath(stats_file) if stats_file else None
         self._log_stream = log
         self._stats = _Stats()
         self._lock = threading.Lock()
         self._active = 0
+        self._started = time.monotonic()
         self._last_activity = time.monotonic()
         self._stopped = threading.Event()
         self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        server_class = type("_BoundServer", (_Server,), {"address_family": family})
+        self._servers: list[_Server] = []
+        self._threads: list[threading.Thread] = []
+        slots = threading.BoundedSemaphore(max_connections)  # one cap for every address
         try:
-            self._server = server_class((bind, port), _Handler)
-        except OSError as exc:
-            hint = "pick another port" if exc.errno == errno.EADDRINUSE else "check the bind address"
-            raise MirrorError(f"cannot listen on {bind}:{port}: {exc.strerror or exc}; {hint}") from None
-        self._server.mirror = self
+            for address in binds:  # every address on one port: the first one's (a free one when port is 0)
+                family = socket.AF_INET6 if ":" in address else socket.AF_INET
+                server_class = type("_BoundServer", (_Server,), {"address_family": family})
+                wanted = port if not self._servers else self.port
+                try:
+                    server = server_class((address, wanted), _Handler)
+                except OSError as exc:
+                    hint = "pick another port" if exc.errno == errno.EADDRINUSE else "check the bind address"
+                    raise MirrorError(f"cannot listen on {address}:{wanted}: {exc.strerror or exc}; {hint}") from None
+                server.mirror = self
+                server.slots = slots
+                self._servers.append(server)
+        except MirrorError:
+            for server in self._servers:
+                server.server_close()
+            raise
 
     # ------------------------------------------------------------------ facts
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return int(self._servers[0].server_address[1])
 
     @property
     def url(self) -> str:
-        host = self.bind
-        if host in ("0.0.0.0", ""):  # noqa: S104 - naming the wildcard, not binding it
-            host = "127.0.0.1"
-        elif host == "::":
-            host = "::1"
-        if ":" in host:
-            host = f"[{host}]"
+        """The address without the secret (safe to print); ``base_url`` adds the secret."""
+        host = f"[{self.bind}]" if ":" in self.bind else self.bind
         return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What a fetcher uses: ``url`` plus ``/<secret>`` when there is one. Never log it."""
+        return f"{self.url}/{self.secret}" if self.secret else self.url
+
+    def strip_secret(self, url_path: str) -> str | None:
+        """The path after ``/<secret>``; None when the secret is wanted and missing or wrong."""
+        if self.secret is None:
+            return url_path
+        given, sep, rest = url_path[1:].partition("/") if url_path.startswith("/") else ("", "", "")
+        if not sep or not hmac.compare_digest(given.encode(), self.secret.encode()):
+            return None
+        return "/" + rest
+
+    def allowed(self, relative: str) -> bool:
+        return self.allow is None or relative in self.allow
 
     def stats(self) -> dict[str, Any]:
         data = self._stats.snapshot()
@@ -295,18 +449,20 @@ class ModelMirror:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ModelMirror:
-        """Serve from a daemon thread (and watch for idleness when idle_timeout is set)."""
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="model-mirror", daemon=True
-        )
-        self._thread.start()
-        if self.idle_timeout > 0:
-            threading.Thread(target=self._watch_idle, name="model-mirror-idle", daemon=True).start()
-        self._log(f"serving {self.root} on {self.bind}:{self.port} (pid {os.getpid()})")
+        """Serve from a daemon thread, with a watchdog for the idle timeout, the maximum age and the watched pid."""
+        for server in self._servers:
+            thread = threading.Thread(
+                target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="model-mirror", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        if self.idle_timeout > 0 or self.max_age > 0 or self.watch_pid is not None:
+            threading.Thread(target=self._watch, name="model-mirror-watch", daemon=True).start()
+        self._log(f"serving {self.root} on {', '.join(self.binds)}:{self.port} (pid {os.getpid()})")
         return self
 
     def wait(self) -> None:
-        """Block until stop() (from a signal handler or the idle watchdog) has finished."""
+        """Block until stop() (from a signal handler or the watchdog) has finished."""
         self._done.wait()
 
     def stop(self) -> None:
@@ -317,10 +473,11 @@ class ModelMirror:
         if not first:
             self._done.wait()
             return
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-        self._server.server_close()
+        for server, thread in zip(self._servers, self._threads, strict=False):  # no threads: never started
+            server.shutdown()
+            thread.join(timeout=5)
+        for server in self._servers:
+            server.server_close()
         self._write_stats()
         self._log("stopped")
         self._done.set()
@@ -342,12 +499,29 @@ class ModelMirror:
         if not head:
             self._write_stats()
 
-    def _watch_idle(self) -> None:
-        while not self._stopped.wait(min(1.0, self.idle_timeout)):
-            with self._lock:
-                idle = self._active == 0 and time.monotonic() - self._last_activity >= self.idle_timeout
-            if idle:
-                self._log(f"no request for {self.idle_timeout:g} s: stopping")
+    def _credentialed(self) -> None:
+        with self._lock:
+            self._stats.credentialed += 1
+        self._log("warning: a request carried credentials (Authorization/Cookie); the mirror never needs them")
+
+    def _why_stop(self) -> str | None:
+        now = time.monotonic()
+        if self.max_age > 0 and now - self._started >= self.max_age:
+            return f"reached the maximum age of {self.max_age:g} s"
+        if self.watch_pid is not None and _proc_start_time(self.watch_pid) != self._watch_start:
+            return f"the run that started it (pid {self.watch_pid}) has exited"
+        with self._lock:
+            idle = self._active == 0 and now - self._last_activity >= self.idle_timeout
+        if self.idle_timeout > 0 and idle:
+            return f"no request for {self.idle_timeout:g} s"
+        return None
+
+    def _watch(self) -> None:
+        interval = min([WATCH_INTERVAL_S] + [t for t in (self.idle_timeout, self.max_age) if t > 0])
+        while not self._stopped.wait(interval):
+            reason = self._why_stop()
+            if reason:
+                self._log(f"{reason}: stopping")
                 threading.Thread(target=self.stop, name="model-mirror-stop", daemon=True).start()
                 return
 
@@ -363,7 +537,9 @@ class ModelMirror:
     def _log(self, message: str) -> None:
         if self._log_stream is None:
             return
+        if self.secret:
+            message = message.replace(self.secret, "<secret>")
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         with contextlib.suppress(OSError, ValueError):
-            self._log_stream.write(f"{stamp} rigkit-mirror: {message}\n")
+            self._log_stream.write(f"{stamp} rigkit-mirror: {escape_log(message)}\n")
             self._log_stream.flush()

@@ -87,6 +87,7 @@ def test_container_sees_the_gpu_through_cdi(gpu_rig):
     host, hostvars = gpu_rig
     if not host.file("/etc/cdi/nvidia.yaml").exists:
         pytest.skip("no CDI spec (/etc/cdi/nvidia.yaml): the NVIDIA container toolkit is not set up on this rig")
-    image = hostvars.get("nvidia_container_toolkit_test_image", "ubuntu:24.04")
+    defaults = yaml.safe_load((REPO / "roles/nvidia_container_toolkit/defaults/main.yml").read_text())
+    image = hostvars.get("nvidia_container_toolkit_test_image", defaults["nvidia_container_toolkit_test_image"])
     out = host.check_output(f"docker run --rm --device nvidia.com/gpu=all {image} nvidia-smi -L")
     assert out.startswith("GPU 0:")

@@ -1,0 +1,129 @@
+#!/usr/bin/python
+"""Ansible module: install an apt repository's signing key only when its fingerprint is the pinned one."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: apt_signing_key
+short_description: Install a repository signing key, refused unless its fingerprint is pinned
+description:
+  - Downloads O(url) (TLS verified), reads every primary OpenPGP public key in it (armored or binary) and
+    writes it to O(dest) only when each one has a fingerprint listed in O(fingerprints). Anything else (a
+    rotated or substituted key, an HTML error page) fails, naming what was found, and leaves O(dest) as it was.
+  - O(dest) is then the repository's C(signed_by) (C(ansible.builtin.deb822_repository)).
+options:
+  url:
+    description: Where the vendor publishes the key.
+    type: str
+    required: true
+  fingerprints:
+    description: Accepted primary-key fingerprints (hex; spaces and case do not matter).
+    type: list
+    elements: str
+    required: true
+  dest:
+    description: Key file to write (its directory is created, mode 0755, when missing).
+    type: path
+    required: true
+  mode:
+    description: Mode of O(dest).
+    type: str
+    default: "0644"
+  timeout:
+    description: Seconds for the download.
+    type: int
+    default: 30
+supports_check_mode: true
+author: rigkit
+"""
+
+EXAMPLES = r"""
+- name: Docker's key, pinned
+  apt_signing_key:
+    url: https://download.docker.com/linux/debian/gpg
+    fingerprints: [9DC858229FC7DD38854AE2D88D81803C0EBFCD88]
+    dest: /etc/apt/keyrings/docker.asc
+"""
+
+RETURN = r"""
+fingerprints:
+  description: The primary-key fingerprints found in the downloaded key.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.openpgp_key import KeyFileError, normalise_fingerprint, primary_fingerprints
+from ansible.module_utils.urls import fetch_url
+
+MAX_KEY_BYTES = 1024 * 1024
+
+
+def _write_bytes_atomic(path: str, data: bytes, mode: int) -> None:
+    """Readers (apt) see the old key or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "url": {"type": "str", "required": True},
+            "fingerprints": {"type": "list", "elements": "str", "required": True},
+            "dest": {"type": "path", "required": True},
+            "mode": {"type": "str", "default": "0644"},
+            "timeout": {"type": "int", "default": 30},
+        },
+        supports_check_mode=True,
+    )
+    url, dest = module.params["url"], module.params["dest"]
+    pinned = {normalise_fingerprint(fp) for fp in module.params["fingerprints"]}
+    if not pinned or any(len(fp) not in (40, 64) or not all(c in "0123456789ABCDEF" for c in fp) for fp in pinned):
+        module.fail_json(msg="fingerprints must be full 40- or 64-digit hex fingerprints, not key ids")
+    resp, info = fetch_url(module, url, timeout=module.params["timeout"])
+    if resp is None or info.get("status") != 200:
+        module.fail_json(msg=f"cannot download the signing key {url}: HTTP {info.get('status')} {info.get('msg')}")
+    data = resp.read(MAX_KEY_BYTES + 1)
+    try:
+        found = primary_fingerprints(data)
+    except KeyFileError as exc:
+        module.fail_json(msg=f"{url} is not a usable OpenPGP key: {exc}")
+    strangers = [fp for fp in found if fp not in pinned]
+    if strangers:
+        module.fail_json(
+            msg=(
+                f"refusing the signing key from {url}: its fingerprint {', '.join(strangers)} is not a pinned one "
+                f"({', '.join(sorted(pinned))}). If the vendor really rotated its key, check the new fingerprint "
+                "against its documentation and pin it in the role's defaults."
+            ),
+            fingerprints=found,
+        )
+    try:
+        with open(dest, "rb") as handle:
+            current = handle.read()
+    except FileNotFoundError:
+        current = None
+    changed = current != data
+    if changed and not module.check_mode:
+        os.makedirs(os.path.dirname(dest) or ".", mode=0o755, exist_ok=True)
+        _write_bytes_atomic(dest, data, int(module.params["mode"], 8))
+    module.exit_json(changed=changed, fingerprints=found, dest=dest)
+
+
+if __name__ == "__main__":
+    main()

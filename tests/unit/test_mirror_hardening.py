@@ -1,0 +1,328 @@
+"""The model mirror's hardening (issue 15, items 1 and 5): secret, allow-list, no symlinks, FIFOs, lifetimes,
+read timeouts, a connection cap, Range edge cases, the Server header and escaped log lines."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import secrets
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.model_mirror import MirrorError, ModelMirror, escape_log, resolve_request_path
+
+REPO = Path(__file__).resolve().parents[2]
+RIGKIT = [sys.executable, str(REPO / "bin" / "rigkit"), "mirror"]
+REV = "0123456789abcdef0123456789abcdef01234567"
+OWNER_REPO = "rigkit-test/mirror-GGUF"
+SECRET = "t" + secrets.token_urlsafe(24)  # generated: no literal that looks like a credential
+MiB = 1024 * 1024
+
+
+def rel(filename: str) -> str:
+    return f"{OWNER_REPO}/resolve/{REV}/{filename}"
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    rev = root / OWNER_REPO / "resolve" / REV
+    (rev / ".rigkit-verified").mkdir(parents=True)
+    (rev / "model.gguf").write_bytes(os.urandom(MiB + 7))
+    (rev / "gated.gguf").write_bytes(b"a gated model of another run")
+    (rev / "model.gguf.part").write_bytes(b"half a download")
+    (rev / ".rigkit-verified" / "model.gguf.json").write_text('{"secret": "record"}')
+    (rev / "hidden-link.gguf").symlink_to(rev / ".rigkit-verified" / "model.gguf.json")
+    (rev / "part-link.gguf").symlink_to(rev / "model.gguf.part")
+    os.mkfifo(rev / "fifo.gguf")
+    return root
+
+
+def request(
+    port: int, path: str, *, headers: dict[str, str] | None = None, method: str = "GET"
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def guarded(tree: Path) -> Iterator[tuple[ModelMirror, io.StringIO]]:
+    log = io.StringIO()
+    with ModelMirror(tree, secret=SECRET, allow=[rel("model.gguf")], log=log) as server:
+        yield server, log
+
+
+# ------------------------------------------------------------------------------------------ secret, allow-list
+def test_every_request_must_carry_the_secret(guarded: tuple[ModelMirror, io.StringIO], tree: Path) -> None:
+    server, log = guarded
+    assert request(server.port, f"/{rel('model.gguf')}")[0] == 404
+    wrong = SECRET[:-1] + ("A" if SECRET[-1] != "A" else "B")  # one character off
+    assert request(server.port, f"/{wrong}/{rel('model.gguf')}")[0] == 404
+    assert request(server.port, f"/{SECRET}")[0] == 404
+    status, _, body = request(server.port, f"/{SECRET}/{rel('model.gguf')}")
+    assert status == 200 and body == (tree / rel("model.gguf")).read_bytes()
+    assert server.base_url == f"{server.url}/{SECRET}" and SECRET not in server.url
+    assert "<secret>" in log.getvalue() and SECRET not in log.getvalue()
+
+
+def test_only_the_files_of_the_run_are_served(guarded: tuple[ModelMirror, io.StringIO]) -> None:
+    server, _ = guarded
+    assert request(server.port, f"/{SECRET}/{rel('gated.gguf')}")[0] == 404  # present, but not this run's
+    assert request(server.port, "/.rigkit/stats")[0] == 404
+    assert request(server.port, f"/{SECRET}/.rigkit/stats")[0] == 404
+
+
+def test_several_addresses_share_one_port(tree: Path) -> None:
+    with ModelMirror(tree, bind=["127.0.0.1", "127.0.0.2"]) as server:
+        for address in ("127.0.0.1", "127.0.0.2"):
+            conn = http.client.HTTPConnection(address, server.port, timeout=10)
+            conn.request("HEAD", f"/{rel('model.gguf')}")
+            assert conn.getresponse().status == 200
+            conn.close()
+        with socket.socket() as sock:  # and nothing else: not a wildcard
+            assert sock.connect_ex(("127.0.0.3", server.port)) != 0
+    with pytest.raises(MirrorError, match="every interface"):
+        ModelMirror(tree, bind=["127.0.0.1", "0.0.0.0"])
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", ""])
+def test_wildcard_bind_is_refused(tree: Path, bind: str) -> None:
+    with pytest.raises(MirrorError, match="every interface"):
+        ModelMirror(tree, bind=bind, secret=SECRET, allow=[])
+
+
+def test_a_lan_address_needs_a_secret_and_an_allow_list(tree: Path) -> None:
+    with pytest.raises(MirrorError, match="needs a secret and an allow-list"):
+        ModelMirror(tree, bind="192.0.2.10")
+    with pytest.raises(MirrorError, match="needs a secret and an allow-list"):
+        ModelMirror(tree, bind="192.0.2.10", secret=SECRET)
+    with pytest.raises(MirrorError, match="16 or more"):
+        ModelMirror(tree, secret="x" * 8)
+
+
+# ------------------------------------------------------------------------------------------ files
+@pytest.mark.parametrize("name", ["hidden-link.gguf", "part-link.gguf"])
+def test_symlink_to_a_hidden_file_or_a_part_is_refused(tree: Path, name: str) -> None:
+    assert resolve_request_path(str(tree), f"/{rel(name)}") is None
+    with ModelMirror(tree) as server:
+        status, _, body = request(server.port, f"/{rel(name)}")
+    assert status == 404 and b"secret" not in body and b"half" not in body
+
+
+def test_a_fifo_is_refused_without_hanging(tree: Path) -> None:
+    with ModelMirror(tree, idle_timeout=1.0) as server:
+        started = time.monotonic()
+        assert request(server.port, f"/{rel('fifo.gguf')}")[0] == 404
+        assert time.monotonic() - started < 3
+        server.wait()  # nothing stuck in a handler: it idles out
+    assert stat.S_ISFIFO(os.stat(tree / rel("fifo.gguf")).st_mode)
+
+
+# ------------------------------------------------------------------------------------------ Range, headers, log
+@pytest.mark.parametrize("digits", [30, 5000])
+def test_huge_range_numbers_answer_416(tree: Path, digits: int) -> None:
+    log = io.StringIO()
+    with ModelMirror(tree, log=log) as server:
+        for header in (f"bytes={'9' * digits}-", f"bytes=0-{'9' * digits}", f"bytes=-{'9' * digits}"):
+            status, headers, _ = request(server.port, f"/{rel('model.gguf')}", headers={"Range": header})
+            assert status == 416 and headers["Content-Range"] == f"bytes */{MiB + 7}"
+        assert request(server.port, f"/{rel('model.gguf')}")[0] == 200  # still serving
+    assert "Traceback" not in log.getvalue() and "error" not in log.getvalue()
+
+
+@pytest.mark.parametrize("header", ["abc", "bytes=5-3", "bytes=0-1,5-9", "bytes=x-", "items=0-5"])
+def test_malformed_range_sends_the_whole_file(tree: Path, header: str) -> None:
+    with ModelMirror(tree) as server:
+        status, _, body = request(server.port, f"/{rel('model.gguf')}", headers={"Range": header})
+    assert status == 200 and len(body) == MiB + 7
+
+
+def test_server_header_names_no_python(tree: Path) -> None:
+    with ModelMirror(tree) as server:
+        _, headers, _ = request(server.port, f"/{rel('model.gguf')}", method="HEAD")
+    assert headers["Server"] == "rigkit-mirror/1"
+
+
+def test_log_lines_are_escaped(tree: Path) -> None:
+    log = io.StringIO()
+    with ModelMirror(tree, log=log) as server, socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(b"GET /\x1b[31mred\x07\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.recv(4096)
+    text = log.getvalue()
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b[31mred\\x07" in text
+    assert escape_log("a\nb\\c\u00e9") == "a\\x0ab\\\\c\\xe9"
+
+
+# ------------------------------------------------------------------------------------------ time and connections
+def test_an_idle_connection_is_dropped_after_the_read_timeout(tree: Path) -> None:
+    with (
+        ModelMirror(tree, read_timeout=0.5) as server,
+        socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock,
+    ):
+        started = time.monotonic()
+        sock.sendall(b"GET /")  # half a request line, then nothing
+        assert sock.recv(4096) == b""  # closed by the mirror, without an answer
+        assert 0.4 < time.monotonic() - started < 5
+
+
+def test_connections_are_capped_and_threads_bounded(tree: Path) -> None:
+    baseline = threading.active_count()
+    with ModelMirror(tree, max_connections=4, read_timeout=30) as server:
+        held = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(60)]
+        try:
+            time.sleep(0.5)
+            assert threading.active_count() <= baseline + 2 + 4 + 1  # serve loop, watchdog-free, 4 handlers
+            refused = 0
+            for sock in held[4:]:
+                sock.settimeout(5)
+                try:
+                    refused += sock.recv(1) == b""
+                except ConnectionResetError:
+                    refused += 1
+            assert refused == 56
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.3)
+        assert request(server.port, f"/{rel('model.gguf')}", method="HEAD")[0] == 200  # slots came back
+
+
+def test_maximum_age_stops_a_busy_mirror(tree: Path) -> None:
+    server = ModelMirror(tree, max_age=1.0, read_timeout=30).start()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"GET /")  # a handler stuck waiting for the rest of the request
+        started = time.monotonic()
+        server.wait()
+    assert time.monotonic() - started < 4
+
+
+def test_the_mirror_stops_when_the_watched_process_exits(tree: Path) -> None:
+    parent = subprocess.Popen(["sleep", "60"])
+    try:
+        server = ModelMirror(tree, watch_pid=parent.pid).start()
+        time.sleep(0.6)
+        assert not server._stopped.is_set()
+        parent.kill()  # not reaped yet: a zombie counts as gone
+        started = time.monotonic()
+        server.wait()
+        assert time.monotonic() - started < 3
+    finally:
+        parent.kill()
+        parent.wait()
+    with pytest.raises(MirrorError, match="not running"):
+        ModelMirror(tree, watch_pid=parent.pid)
+
+
+# ------------------------------------------------------------------------------------------ bin/rigkit mirror
+def test_cli_secret_stays_off_the_command_line(tree: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    secret_file = run / "mirror.secret"
+    argv = [*RIGKIT, "--root", str(tree), "--pidfile", str(run / "m.pid"), "--logfile", str(run / "m.log")]
+    argv += ["--secret-file", str(secret_file), "--allow", rel("model.gguf"), "--max-age", "60"]
+    started = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert started.returncode == 0, started.stderr
+    info = json.loads(started.stdout)
+    try:
+        secret = secret_file.read_text().strip()
+        assert len(secret) >= 30 and stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+        assert secret not in started.stdout
+        assert secret.encode() not in Path(f"/proc/{info['pid']}/cmdline").read_bytes()
+        port = info["port"]
+        assert request(port, f"/{rel('model.gguf')}")[0] == 404
+        assert request(port, f"/{secret}/{rel('gated.gguf')}")[0] == 404
+        assert request(port, f"/{secret}/{rel('model.gguf')}")[0] == 200
+    finally:
+        subprocess.run([*RIGKIT, "--stop", "--pidfile", str(run / "m.pid")], capture_output=True, timeout=60)
+    assert secret not in (run / "m.log").read_text()
+
+
+def test_cli_mirror_exits_with_the_ansible_run_that_started_it(tree: Path, tmp_path: Path) -> None:
+    """A play that starts the mirror and never stops it (every rig unreachable, say): the mirror still goes."""
+    pidfile = tmp_path / "m.pid"
+    playbook = tmp_path / "play.yml"
+    argv = [*RIGKIT, "--root", str(tree), "--pidfile", str(pidfile), "--logfile", str(tmp_path / "m.log")]
+    argv += ["--watch-ansible"]
+    playbook.write_text(
+        "- name: Start a mirror and leave it running\n  hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - name: Start\n      ansible.builtin.command:\n        argv: " + json.dumps(argv) + "\n"
+    )
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
+    ran = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            *("-i", "localhost,", "-c", "local", str(playbook)),
+            *("-e", f"ansible_python_interpreter={sys.executable}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env=env,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), "the mirror outlived the ansible-playbook run"
+    assert "has exited: stopping" in (tmp_path / "m.log").read_text()
+
+
+def test_cli_watch_ansible_outside_ansible_is_refused(tree: Path, tmp_path: Path) -> None:
+    argv = [*RIGKIT, "--root", str(tree), "--pidfile", str(tmp_path / "p"), "--logfile", str(tmp_path / "l")]
+    failed = subprocess.run([*argv, "--watch-ansible"], capture_output=True, text=True, timeout=60, check=False)
+    assert failed.returncode == 1 and "no ansible-playbook process" in failed.stderr
+
+
+# ------------------------------------------------------------------------------------------ item 6: no token
+def test_gguf_fetch_never_sends_a_token_to_the_mirror(
+    tiny_gemma4_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The play passes no token, the rig's environment has HF_TOKEN: the mirror must still see none."""
+    import hashlib
+    import shutil
+
+    from tests.unit.test_model_fetch import run_module
+
+    source = tiny_gemma4_pair[0]
+    root = tmp_path / "cache"
+    served = root / rel("tiny.gguf")
+    served.parent.mkdir(parents=True)
+    shutil.copyfile(source, served)
+    token = "hf_" + os.urandom(12).hex()
+    monkeypatch.setenv("HF_TOKEN", token)
+    entry = {
+        "repo": OWNER_REPO,
+        "revision": REV,
+        "filename": "tiny.gguf",
+        "sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+        "size": source.stat().st_size,
+        "architecture": "gemma4",
+        "role": "target",
+    }
+    (tmp_path / "rig").mkdir()
+    args = {"entry": entry, "dest": str(tmp_path / "rig" / "tiny.gguf"), "allow_insecure_http": True}
+    with ModelMirror(root, secret=SECRET, allow=[rel("tiny.gguf")]) as server:
+        result, printed = run_module({**args, "base_url": server.url, "mirror_secret": SECRET})
+        assert not result.get("failed"), result.get("msg")
+        assert result["changed"] and result["bytes_downloaded"] == entry["size"]
+        assert server.stats()["credentialed_requests"] == 0
+        assert server.stats()["files"][f"/{rel('tiny.gguf')}"]["complete"] == 1
+        assert SECRET not in printed and token not in printed
+        run_module({**args, "base_url": server.url, "mirror_secret": SECRET, "token": token})
+        assert server.stats()["credentialed_requests"] == 0  # an explicit token is dropped too

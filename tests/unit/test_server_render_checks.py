@@ -1,0 +1,101 @@
+"""Values rendered into llama-server's env file and unit are checked first (issue 15, item 9): a newline in
+the API key (or the instance name, the host, an argument) must not add a variable or a unit setting."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOK = REPO / "tests" / "unit" / "playbooks" / "render_server_files.yml"
+KEY = "k" * 24 + "-_.~+/=!"
+
+HOSTS: dict[str, dict[str, Any]] = {
+    "good": {"llama_server_api_key": KEY, "llama_server_host": "192.0.2.7"},
+    "key_newline": {"llama_server_api_key": KEY + "\nLLAMA_ARG_HOST=0.0.0.0", "llama_server_host": "192.0.2.7"},
+    "key_space": {"llama_server_api_key": "two words", "llama_server_host": "192.0.2.7"},
+    "instance_newline": {"llama_server_instance": "main\nExecStartPre=/bin/touch /tmp/pwned"},
+    "instance_path": {"llama_server_instance": "../../etc/x"},
+    "host_newline": {"llama_server_host": "127.0.0.1\nLLAMA_API_KEY=known"},
+    "arg_newline": {"llama_server_extra_args": ["--alias", "x\nExecStartPost=/bin/true"]},
+    "dir_newline": {"llama_server_models_dir": "/var/lib/rigkit/models\nUser=root"},
+    "port_text": {"llama_server_port": "8080\nX=1"},
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    work = tmp_path_factory.mktemp("render")
+    out = work / "out"
+    out.mkdir()
+    inventory = {
+        "all": {
+            "hosts": {
+                name: {**values, "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                for name, values in HOSTS.items()
+            }
+        }
+    }
+    (work / "hosts.json").write_text(json.dumps(inventory))  # JSON is YAML: newlines survive exactly
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(work / "hosts.json")]
+    cmd += ["-e", f"out_dir={out}", str(PLAYBOOK)]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    try:
+        result = json.loads(done.stdout)
+    except ValueError:
+        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return out, result
+
+
+def failures(result: dict[str, Any]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for task in result["plays"][0]["tasks"]:
+        for host, outcome in task["hosts"].items():
+            if outcome.get("failed"):
+                found.setdefault(host, outcome.get("msg", ""))
+    return found
+
+
+def test_good_values_render(rendered: tuple[Path, dict[str, Any]]) -> None:
+    out, result = rendered
+    assert "good" not in failures(result)
+    env_lines = (out / "good.env").read_text().splitlines()
+    assert [line for line in env_lines if not line.startswith("#")] == [
+        "LLAMA_ARG_HOST=192.0.2.7",
+        "LLAMA_ARG_PORT=8080",
+        f"LLAMA_API_KEY={KEY}",
+    ]
+    assert "ExecStart=/usr/bin/docker run --rm --name rigkit-llama-main" in (out / "good.service").read_text()
+
+
+@pytest.mark.parametrize("host", [name for name in HOSTS if name != "good"])
+def test_injection_is_refused_before_rendering(rendered: tuple[Path, dict[str, Any]], host: str) -> None:
+    out, result = rendered
+    message = failures(result).get(host)
+    assert message is not None, f"{host}: rendered without complaint"
+    assert not (out / f"{host}.env").exists() and not (out / f"{host}.service").exists()
+    variable = {
+        "key_newline": "llama_server_api_key",
+        "key_space": "llama_server_api_key",
+        "instance_newline": "llama_server_instance",
+        "instance_path": "llama_server_instance",
+        "host_newline": "llama_server_host",
+        "arg_newline": "argument",
+        "dir_newline": "path",
+        "port_text": "llama_server_port",
+    }[host]
+    assert variable in message
+    assert KEY not in message  # the key's value is never echoed
