@@ -84,6 +84,9 @@ lint: setup ## ansible-lint (production), yamllint, ruff, playbook syntax check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/ansible-playbook --syntax-check playbooks/*.yml
+	@# every module's and plugin's documentation must render (ansible-doc exits non-zero on a broken one)
+	$(BIN)/ansible-doc -M library $(basename $(notdir $(wildcard library/*.py))) > /dev/null
+	$(BIN)/ansible-doc -t callback rigkit > /dev/null
 
 gpu-bundle: setup ## .device/ for tests/gpu/run.sh on a GPU machine: verified llama.cpp source, wheels, models
 	$(BIN)/python tests/gpu/make_bundle.py bundle

@@ -122,7 +122,7 @@ options:
     description:
       - Draw a one-line progress bar (bytes, percent, MB/s, ETA) while downloading on the terminal the play was
         started from - C(/dev/tty), else the terminal of the nearest ancestor process (ansible-core detaches its
-        workers from the controlling terminal). Meant for the controller (C(delegate_to: localhost)) when a human
+        workers from the controlling terminal). Meant for the controller (C(delegate_to=localhost)) when a human
         watches; without a terminal (CI, cron) it is silently skipped. Never affects the result.
     type: bool
     default: false

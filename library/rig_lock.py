@@ -12,7 +12,7 @@ description:
     labels, verified model sha256s, unit sha256) and records it under the rig's name in the lock file, atomically
     and under an exclusive file lock. Reports C(changed) with a diff when the entry changed.
   - With I(expected), compares instead of recording, and fails listing every difference (the image ID alone is
-    informational: Docker image IDs differ between builds of the same inputs).
+    informational, since Docker image IDs differ between builds of the same inputs).
   - Runs where the lock file lives (the controller).
 options:
   path:
