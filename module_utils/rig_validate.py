@@ -40,6 +40,9 @@ PREFIXES = (
     "docker_",
     "cuda_",
     "rig_",
+    # broader kit prefixes, so that a typo inside a role's prefix (nvidia_drvier_version) is caught too
+    "nvidia_",
+    "llama_",
 )
 
 # The role entry points that run on a rig of each kind (playbooks/provision.yml, bench.yml, status.yml).
@@ -308,8 +311,8 @@ def show(value: Any) -> str:
         return repr(value)
 
 
-def suggestion(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.75)
+def suggestion(name: str, known: Iterable[str], cutoff: float = 0.75) -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=cutoff)
     return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
@@ -381,7 +384,7 @@ def _check_rig_gpu(report: Report, rig_gpu: Any) -> None:
         report.add(
             "rig_gpu",
             rig_gpu[key],
-            f"unknown field{suggestion(key, RIG_GPU_FIELDS)} (known: {', '.join(RIG_GPU_FIELDS)})",
+            f"unknown field{suggestion(key, RIG_GPU_FIELDS, 0.6)} (known: {', '.join(RIG_GPU_FIELDS)})",
             field=key,
         )
 

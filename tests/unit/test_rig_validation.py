@@ -1,0 +1,260 @@
+"""Issue 14: every bad rig description is refused on the controller before any rig is contacted, naming the file,
+the variable, its value and what is accepted.
+
+Each bad value goes into its own rig of a temporary copy of the inventory (a copy of desktop3050 with its models
+pinned: the tiny gemma4 pair), whose SSH address is a loopback TCP listener that records every connection attempt.
+One `make check` over all those rigs must refuse each of them, list its problem, contact none of them and change
+nothing on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.tiny_gemma4 import write_pair
+from tests.support import REPO, run
+
+CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
+BASE_RIG = yaml.safe_load((REPO / "inventory/host_vars/desktop3050.yml").read_text())
+BASE_RIG.update(models_target="tiny-gemma4-target", models_drafter="tiny-gemma4-assistant")
+
+# (name, variables merged into the rig, [what the refusal must say]); {file} is the rig's host_vars file.
+BAD_VALUES: list[tuple[str, dict, list[str]]] = [
+    ("ctx-abc", {"llama_server_ctx_size": "abc"}, ['{file}: llama_server_ctx_size is "abc"; expected int']),
+    ("ctx-negative", {"llama_server_ctx_size": -5}, ["{file}: llama_server_ctx_size is -5; expected a positive"]),
+    ("draft-zero", {"llama_server_spec_draft_n_max": 0}, ["llama_server_spec_draft_n_max is 0; expected a draft length 1-16"]),
+    ("draft-1000", {"llama_server_spec_draft_n_max": 1000}, ["{file}: llama_server_spec_draft_n_max is 1000; expected a draft"]),
+    ("draft-min-above-max", {"llama_server_spec_draft_n_min": 3}, ["{file}: llama_server_spec_draft_n_min is 3; expected at most llama_server_spec_draft_n_max (2)"]),
+    ("cc-9x", {"rig_gpu": {**BASE_RIG["rig_gpu"], "compute_capability": "9.x"}}, ['{file}: rig_gpu.compute_capability is "9.x"; expected MAJOR.MINOR such as "8.6"']),
+    ("vram-zero", {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram_mib": 0}}, ["{file}: rig_gpu.vram_mib is 0; expected the GPU's memory in MiB"]),
+    ("rig-gpu-typo", {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram": 8192}}, ["{file}: rig_gpu.vram is 8192; unknown field; did you mean vram_mib?"]),
+    ("unknown-target", {"models_target": "gemma-4-E3B-it-nope"}, ['{file}: models_target is "gemma-4-E3B-it-nope"; expected a model of the catalog', "did you mean gemma-4-E"]),
+    ("drafter-unknown", {"models_drafter": "tiny-gemma4-asistant"}, ['{file}: models_drafter is "tiny-gemma4-asistant"', "did you mean tiny-gemma4-assistant"]),
+    ("pairs-with", {"models_drafter": "gemma-4-E4B-it-qat-assistant-q4_0-exact"}, ['{file}: models_drafter is "gemma-4-E4B-it-qat-assistant-q4_0-exact"; that drafter pairs with gemma-4-E4B-it-qat-q4_0-exact']),
+    ("open-bind", {"llama_server_host": "0.0.0.0"}, ['{file}: llama_server_host is "0.0.0.0"; a non-loopback bind needs llama_server_api_key']),
+    ("gpu-access", {"llama_server_gpu_access": "bogus"}, ['{file}: llama_server_gpu_access is "bogus"; expected one of cdi, gpus, none']),
+    ("cache-k", {"llama_server_cache_type_k": "q3_7"}, ['{file}: llama_server_cache_type_k is "q3_7"; expected one of f32, f16']),
+    ("cache-v", {"llama_server_cache_type_v": "q2_K"}, ['{file}: llama_server_cache_type_v is "q2_K"; expected one of']),
+    ("driver-branch", {"nvidia_driver_version": "550.54.14"}, ['{file}: nvidia_driver_version is "550.54.14"; expected a version of nvidia_driver_branch 535']),
+    ("driver-version-shape", {"nvidia_driver_version": "latest"}, ['{file}: nvidia_driver_version is "latest"; expected an exact driver version']),
+    ("typo-ctx", {"llama_server_ctx_sizee": 16384}, ["{file}: llama_server_ctx_sizee is 16384; no role declares this variable; did you mean llama_server_ctx_size"]),
+    ("typo-driver", {"nvidia_drvier_version": "535.261.03"}, ['{file}: nvidia_drvier_version is "535.261.03"; no role declares this variable; did you mean nvidia_driver_version']),
+    ("typo-models", {"models_targte": "tiny-gemma4-target"}, ['{file}: models_targte is "tiny-gemma4-target"; no role declares this variable; did you mean models_target']),
+    ("port-high", {"llama_server_port": 70000}, ["{file}: llama_server_port is 70000; expected a port 1-65535"]),
+    ("port-zero", {"llama_server_port": 0}, ["{file}: llama_server_port is 0; expected a port 1-65535"]),
+    ("layers-negative", {"llama_server_gpu_layers": -1}, ['{file}: llama_server_gpu_layers is -1; expected "all", "auto" or a number of layers >= 0']),
+    ("layers-draft-word", {"llama_server_gpu_layers_draft": "lots"}, ['{file}: llama_server_gpu_layers_draft is "lots"; expected "all", "auto"']),
+    ("flash-attn", {"llama_server_flash_attn": "maybe"}, ['{file}: llama_server_flash_attn is "maybe"; expected one of on, off, auto']),
+    ("spec-type", {"llama_server_spec_type": "draft-eagle"}, ['{file}: llama_server_spec_type is "draft-eagle"; expected one of none, draft-simple, draft-mtp']),
+    ("parallel-zero", {"llama_server_parallel": 0}, ["{file}: llama_server_parallel is 0; expected a positive integer"]),
+    ("driver-source", {"nvidia_driver_source": "apt"}, ['{file}: nvidia_driver_source is "apt"; expected one of distro, nvidia']),
+    ("kernel-modules", {"nvidia_driver_kernel_modules": "closed"}, ['{file}: nvidia_driver_kernel_modules is "closed"; expected one of open, proprietary']),
+    ("reboot-timeout", {"nvidia_driver_reboot_timeout": -1}, ["{file}: nvidia_driver_reboot_timeout is -1; expected a positive integer"]),
+    ("toolkit-hold", {"nvidia_container_toolkit_hold_packages": "sometimes"}, ['{file}: nvidia_container_toolkit_hold_packages is "sometimes"; expected bool']),
+    ("docker-source", {"docker_source": "snap"}, ['{file}: docker_source is "snap"; expected one of docker, debian']),
+    ("docker-options", {"docker_daemon_options": ["bridge=none"]}, ['{file}: docker_daemon_options is ["bridge=none"]; expected dict']),
+    ("image-source", {"llamacpp_image_source": "zip"}, ['{file}: llamacpp_image_source is "zip"; expected one of git, tarball']),
+    ("image-cuda", {"llamacpp_image_cuda": "perhaps"}, ['{file}: llamacpp_image_cuda is "perhaps"; expected bool']),
+    ("cuda-source", {"cuda_source": "conda"}, ['{file}: cuda_source is "conda"; expected one of distro, nvidia']),
+    ("models-verify", {"models_verify": "quick"}, ['{file}: models_verify is "quick"; expected one of fast, full']),
+    ("mirror-port", {"models_mirror_port": 99999}, ["{file}: models_mirror_port is 99999; expected a port 1-65535"]),
+    ("bench-draft", {"llama_bench_draft_max": 40}, ["{file}: llama_bench_draft_max is 40; expected a draft length 1-16"]),
+    ("rig-kind", {"rig_kind": "cloud"}, ['{file}: rig_kind is "cloud"; expected gpu or sandbox']),
+    ("wants-cuda", {"rig_wants_cuda": "perhaps"}, ['{file}: rig_wants_cuda is "perhaps"; expected bool']),
+]
+
+
+class ConnectionRecorder:
+    """A loopback TCP listener standing in for every rig's SSH port: it records each connection attempt."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.attempts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.attempts += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def recorder():
+    listener = ConnectionRecorder()
+    yield listener
+    listener.close()
+
+
+def make_inventory(root: Path, rigs: dict[str, dict], port: int) -> Path:
+    """A copy of the kit's inventory whose GPU rigs are exactly ``rigs`` (each a desktop3050 variant)."""
+    inventory = root / "inventory"
+    shutil.copytree(REPO / "inventory", inventory, ignore=shutil.ignore_patterns("examples", "rigs.lock.json"))
+    for stale in ("desktop3050", "laptop1650ti"):
+        (inventory / "host_vars" / f"{stale}.yml").unlink()
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    hosts["all"]["children"]["rigs"]["children"]["gpu_rigs"]["hosts"] = {name: None for name in rigs}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    for name, variables in rigs.items():
+        rig = {**BASE_RIG, **variables, "ansible_host": "127.0.0.1", "ansible_port": port, "ansible_user": "nobody"}
+        (inventory / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump(rig, sort_keys=False))
+    return inventory
+
+
+def snapshot(*roots: Path) -> dict[str, str]:
+    return {
+        str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+        for root in roots
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def check(inventory: Path, hosts: list[str], cache: Path, **env: str):
+    return run(
+        ["make", "--no-print-directory", "check", f"host={','.join(hosts)}"],
+        ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
+        RIGKIT_CACHE_DIR=str(cache),
+        **env,
+    )
+
+
+def test_every_bad_value_is_refused_before_contact_naming_file_variable_and_value(tmp_path, recorder):
+    rigs = {f"bad-{name}": variables for name, variables, _ in BAD_VALUES}
+    inventory = make_inventory(tmp_path, rigs, recorder.port)
+    cache, lock = tmp_path / "cache", tmp_path / "rigs.lock.json"
+    cache.mkdir()
+    before = snapshot(inventory, cache)
+
+    started = time.monotonic()
+    result = check(inventory, list(rigs), cache, RIGKIT_LOCK_FILE=str(lock))
+    elapsed = time.monotonic() - started
+
+    assert result.returncode != 0, result.tail()
+    assert recorder.attempts == 0, "a rig was contacted"
+    assert snapshot(inventory, cache) == before and not lock.exists(), "something changed on disk"
+    assert elapsed / len(rigs) < 10, f"{elapsed:.1f} s for {len(rigs)} refusals"
+    assert "Provision the rigs" not in result.output and "Gathering Facts" not in result.output
+    missing = []
+    for name, _variables, expected in BAD_VALUES:
+        host_file = inventory / "host_vars" / f"bad-{name}.yml"
+        start = result.output.find(f"[ERROR]: Task failed: Action failed: bad-{name}: ")
+        block = result.output[start:] if start >= 0 else ""
+        end = block.find("\n[ERROR]", 1)
+        block = block if end < 0 else block[:end]
+        missing += [f"{name}: {text.format(file=host_file)!r} not in\n{block[:1500]}" for text in expected
+                    if text.format(file=host_file) not in block]
+    assert not missing, "\n\n".join(missing)
+
+
+def test_all_problems_of_a_rig_are_listed_at_once(tmp_path, recorder):
+    bad = {
+        "llama_server_ctx_size": -5,
+        "llama_server_cache_type_k": "q3_7",
+        "llama_server_ctx_sizee": 16384,
+        "rig_gpu": {**BASE_RIG["rig_gpu"], "compute_capability": "9.x"},
+    }
+    inventory = make_inventory(tmp_path, {"many": bad}, recorder.port)
+    started = time.monotonic()
+    result = check(inventory, ["many"], tmp_path)
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert "many: 4 problem(s) in the rig's description" in result.output, result.tail()
+    assert recorder.attempts == 0
+    print(f"one rig refused in {elapsed:.1f} s")
+
+
+def test_the_recorder_sees_a_rig_that_is_contacted(tmp_path, recorder):
+    """The control: a rig that passes validation is contacted through the same address, so attempts counts."""
+    inventory = make_inventory(tmp_path, {"good": {}}, recorder.port)
+    result = run(
+        ["ansible", "good", "-m", "ansible.builtin.ping", "-e", "ansible_ssh_timeout=3"],
+        ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
+    )
+    assert result.returncode != 0
+    assert recorder.attempts > 0
+
+
+def test_a_yaml_error_names_file_line_and_column(tmp_path):
+    inventory = make_inventory(tmp_path, {"broken": {}}, 22)
+    host_file = inventory / "host_vars" / "broken.yml"
+    host_file.write_text(host_file.read_text() + "llama_server_ctx_size: [8192\nllama_server_port: 8080\n")
+    result = run(["python", "bin/rigkit", "check-host", "broken"], ANSIBLE_INVENTORY=str(inventory / "hosts.yml"))
+    assert result.returncode == 2
+    lines = host_file.read_text().splitlines()
+    assert f"{host_file}:{len(lines)}:" in result.output, result.output
+    assert "YAML syntax error" in result.output
+
+
+def _cache_pair(cache: Path) -> None:
+    paths = []
+    for name in ("tiny-gemma4-target", "tiny-gemma4-assistant"):
+        entry = CATALOG[name]
+        path = cache / "models" / entry["repo"] / "resolve" / entry["revision"] / entry["filename"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        paths.append(path)
+    write_pair(paths[0], paths[1])
+
+
+def test_memory_misfit_is_refused_on_the_controller_before_contact(tmp_path, recorder):
+    cache = tmp_path / "cache"
+    _cache_pair(cache)
+    small = {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram_mib": 1024}}
+    inventory = make_inventory(tmp_path, {"small": small, "roomy": {}}, recorder.port)
+    result = check(inventory, ["small"], cache)
+    assert result.returncode != 0
+    assert recorder.attempts == 0
+    message = result.output[result.output.index("[ERROR]: Task failed: Action failed: small: ") :]
+    assert str(inventory / "host_vars" / "small.yml") in message
+    assert "rig_gpu.vram_mib" in message and "controller preflight" in message, message[:3000]
+    assert "Provision the rigs" not in result.output
+
+    # the same pair on the rig's real 8 GiB passes validation: the next play contacts the rig (the recorder)
+    roomy = check(inventory, ["roomy"], cache)
+    assert "Action failed: roomy" not in roomy.output, roomy.tail()
+    assert recorder.attempts > 0
+
+
+def test_a_mismatched_pair_is_refused_on_the_cached_headers(tmp_path, recorder):
+    """A drafter of another width, cached under the pair's names: refused by the controller preflight."""
+    cache = tmp_path / "cache"
+    _cache_pair(cache)
+    drafter = CATALOG["tiny-gemma4-assistant"]
+    drafter_path = cache / "models" / drafter["repo"] / "resolve" / drafter["revision"] / drafter["filename"]
+    target_path = drafter_path.parent / CATALOG["tiny-gemma4-target"]["filename"]
+    write_pair(target_path, drafter_path, embedding_length_out=96)
+    inventory = make_inventory(tmp_path, {"mismatch": {}}, recorder.port)
+    result = check(inventory, ["mismatch"], cache)
+    assert result.returncode != 0
+    assert recorder.attempts == 0
+    assert "Action failed: mismatch" in result.output and "controller preflight" in result.output, result.tail()
+
+
+def test_the_validation_play_runs_whatever_the_tags(tmp_path, recorder):
+    inventory = make_inventory(tmp_path, {"tagged": {"llama_server_ctx_size": -5}}, recorder.port)
+    for tags in ("models", "llama_server"):
+        result = check(inventory, ["tagged"], tmp_path, ARGS=f"--tags {tags}")
+        assert "llama_server_ctx_size is -5" in result.output, result.tail()
+        assert recorder.attempts == 0
