@@ -24,49 +24,175 @@ from tests.support import REPO, run
 
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
 BASE_RIG = yaml.safe_load((REPO / "inventory/host_vars/desktop3050.yml").read_text())
-BASE_RIG.update(models_target="tiny-gemma4-target", models_drafter="tiny-gemma4-assistant")
+BASE_RIG.update(models_target="tiny-gemma4-target", models_drafter="tiny-gemma4-assistant", llama_server_ctx_size=1024)
 
 # (name, variables merged into the rig, [what the refusal must say]); {file} is the rig's host_vars file.
 BAD_VALUES: list[tuple[str, dict, list[str]]] = [
     ("ctx-abc", {"llama_server_ctx_size": "abc"}, ['{file}: llama_server_ctx_size is "abc"; expected int']),
     ("ctx-negative", {"llama_server_ctx_size": -5}, ["{file}: llama_server_ctx_size is -5; expected a positive"]),
-    ("draft-zero", {"llama_server_spec_draft_n_max": 0}, ["llama_server_spec_draft_n_max is 0; expected a draft length 1-16"]),
-    ("draft-1000", {"llama_server_spec_draft_n_max": 1000}, ["{file}: llama_server_spec_draft_n_max is 1000; expected a draft"]),
-    ("draft-min-above-max", {"llama_server_spec_draft_n_min": 3}, ["{file}: llama_server_spec_draft_n_min is 3; expected at most llama_server_spec_draft_n_max (2)"]),
-    ("cc-9x", {"rig_gpu": {**BASE_RIG["rig_gpu"], "compute_capability": "9.x"}}, ['{file}: rig_gpu.compute_capability is "9.x"; expected MAJOR.MINOR such as "8.6"']),
-    ("vram-zero", {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram_mib": 0}}, ["{file}: rig_gpu.vram_mib is 0; expected the GPU's memory in MiB"]),
-    ("rig-gpu-typo", {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram": 8192}}, ["{file}: rig_gpu.vram is 8192; unknown field; did you mean vram_mib?"]),
-    ("unknown-target", {"models_target": "gemma-4-E3B-it-nope"}, ['{file}: models_target is "gemma-4-E3B-it-nope"; expected a model of the catalog', "did you mean gemma-4-E"]),
-    ("drafter-unknown", {"models_drafter": "tiny-gemma4-asistant"}, ['{file}: models_drafter is "tiny-gemma4-asistant"', "did you mean tiny-gemma4-assistant"]),
-    ("pairs-with", {"models_drafter": "gemma-4-E4B-it-qat-assistant-q4_0-exact"}, ['{file}: models_drafter is "gemma-4-E4B-it-qat-assistant-q4_0-exact"; that drafter pairs with gemma-4-E4B-it-qat-q4_0-exact']),
-    ("open-bind", {"llama_server_host": "0.0.0.0"}, ['{file}: llama_server_host is "0.0.0.0"; a non-loopback bind needs llama_server_api_key']),
-    ("gpu-access", {"llama_server_gpu_access": "bogus"}, ['{file}: llama_server_gpu_access is "bogus"; expected one of cdi, gpus, none']),
-    ("cache-k", {"llama_server_cache_type_k": "q3_7"}, ['{file}: llama_server_cache_type_k is "q3_7"; expected one of f32, f16']),
-    ("cache-v", {"llama_server_cache_type_v": "q2_K"}, ['{file}: llama_server_cache_type_v is "q2_K"; expected one of']),
-    ("driver-branch", {"nvidia_driver_version": "550.54.14"}, ['{file}: nvidia_driver_version is "550.54.14"; expected a version of nvidia_driver_branch 535']),
-    ("driver-version-shape", {"nvidia_driver_version": "latest"}, ['{file}: nvidia_driver_version is "latest"; expected an exact driver version']),
-    ("typo-ctx", {"llama_server_ctx_sizee": 16384}, ["{file}: llama_server_ctx_sizee is 16384; no role declares this variable; did you mean llama_server_ctx_size"]),
-    ("typo-driver", {"nvidia_drvier_version": "535.261.03"}, ['{file}: nvidia_drvier_version is "535.261.03"; no role declares this variable; did you mean nvidia_driver_version']),
-    ("typo-models", {"models_targte": "tiny-gemma4-target"}, ['{file}: models_targte is "tiny-gemma4-target"; no role declares this variable; did you mean models_target']),
+    (
+        "draft-zero",
+        {"llama_server_spec_draft_n_max": 0},
+        ["llama_server_spec_draft_n_max is 0; expected a draft length 1-16"],
+    ),
+    (
+        "draft-1000",
+        {"llama_server_spec_draft_n_max": 1000},
+        ["{file}: llama_server_spec_draft_n_max is 1000; expected a draft"],
+    ),
+    (
+        "draft-min-above-max",
+        {"llama_server_spec_draft_n_min": 3},
+        ["{file}: llama_server_spec_draft_n_min is 3; expected at most llama_server_spec_draft_n_max (2)"],
+    ),
+    (
+        "cc-9x",
+        {"rig_gpu": {**BASE_RIG["rig_gpu"], "compute_capability": "9.x"}},
+        ['{file}: rig_gpu.compute_capability is "9.x"; expected MAJOR.MINOR such as "8.6"'],
+    ),
+    (
+        "vram-zero",
+        {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram_mib": 0}},
+        ["{file}: rig_gpu.vram_mib is 0; expected the GPU's memory in MiB"],
+    ),
+    (
+        "rig-gpu-typo",
+        {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram": 8192}},
+        ["{file}: rig_gpu.vram is 8192; unknown field; did you mean vram_mib?"],
+    ),
+    (
+        "unknown-target",
+        {"models_target": "gemma-4-E3B-it-nope"},
+        ['{file}: models_target is "gemma-4-E3B-it-nope"; expected a model of the catalog', "did you mean gemma-4-E"],
+    ),
+    (
+        "drafter-unknown",
+        {"models_drafter": "tiny-gemma4-asistant"},
+        ['{file}: models_drafter is "tiny-gemma4-asistant"', "did you mean tiny-gemma4-assistant"],
+    ),
+    (
+        "pairs-with",
+        {"models_drafter": "gemma-4-E4B-it-qat-assistant-q4_0-exact"},
+        [
+            '{file}: models_drafter is "gemma-4-E4B-it-qat-assistant-q4_0-exact"; '
+            "that drafter pairs with gemma-4-E4B-it-qat-q4_0-exact"
+        ],
+    ),
+    (
+        "open-bind",
+        {"llama_server_host": "0.0.0.0"},
+        ['{file}: llama_server_host is "0.0.0.0"; a non-loopback bind needs llama_server_api_key'],
+    ),
+    (
+        "gpu-access",
+        {"llama_server_gpu_access": "bogus"},
+        ['{file}: llama_server_gpu_access is "bogus"; expected one of cdi, gpus, none'],
+    ),
+    (
+        "cache-k",
+        {"llama_server_cache_type_k": "q3_7"},
+        ['{file}: llama_server_cache_type_k is "q3_7"; expected one of f32, f16'],
+    ),
+    (
+        "cache-v",
+        {"llama_server_cache_type_v": "q2_K"},
+        ['{file}: llama_server_cache_type_v is "q2_K"; expected one of'],
+    ),
+    (
+        "driver-branch",
+        {"nvidia_driver_version": "550.54.14"},
+        ['{file}: nvidia_driver_version is "550.54.14"; expected a version of nvidia_driver_branch 535'],
+    ),
+    (
+        "driver-version-shape",
+        {"nvidia_driver_version": "latest"},
+        ['{file}: nvidia_driver_version is "latest"; expected an exact driver version'],
+    ),
+    (
+        "typo-ctx",
+        {"llama_server_ctx_sizee": 16384},
+        ["{file}: llama_server_ctx_sizee is 16384; no role declares this variable; did you mean llama_server_ctx_size"],
+    ),
+    (
+        "typo-driver",
+        {"nvidia_drvier_version": "535.261.03"},
+        [
+            '{file}: nvidia_drvier_version is "535.261.03"; no role declares this variable; '
+            "did you mean nvidia_driver_version"
+        ],
+    ),
+    (
+        "typo-models",
+        {"models_targte": "tiny-gemma4-target"},
+        ['{file}: models_targte is "tiny-gemma4-target"; no role declares this variable; did you mean models_target'],
+    ),
     ("port-high", {"llama_server_port": 70000}, ["{file}: llama_server_port is 70000; expected a port 1-65535"]),
     ("port-zero", {"llama_server_port": 0}, ["{file}: llama_server_port is 0; expected a port 1-65535"]),
-    ("layers-negative", {"llama_server_gpu_layers": -1}, ['{file}: llama_server_gpu_layers is -1; expected "all", "auto" or a number of layers >= 0']),
-    ("layers-draft-word", {"llama_server_gpu_layers_draft": "lots"}, ['{file}: llama_server_gpu_layers_draft is "lots"; expected "all", "auto"']),
-    ("flash-attn", {"llama_server_flash_attn": "maybe"}, ['{file}: llama_server_flash_attn is "maybe"; expected one of on, off, auto']),
-    ("spec-type", {"llama_server_spec_type": "draft-eagle"}, ['{file}: llama_server_spec_type is "draft-eagle"; expected one of none, draft-simple, draft-mtp']),
-    ("parallel-zero", {"llama_server_parallel": 0}, ["{file}: llama_server_parallel is 0; expected a positive integer"]),
-    ("driver-source", {"nvidia_driver_source": "apt"}, ['{file}: nvidia_driver_source is "apt"; expected one of distro, nvidia']),
-    ("kernel-modules", {"nvidia_driver_kernel_modules": "closed"}, ['{file}: nvidia_driver_kernel_modules is "closed"; expected one of open, proprietary']),
-    ("reboot-timeout", {"nvidia_driver_reboot_timeout": -1}, ["{file}: nvidia_driver_reboot_timeout is -1; expected a positive integer"]),
-    ("toolkit-hold", {"nvidia_container_toolkit_hold_packages": "sometimes"}, ['{file}: nvidia_container_toolkit_hold_packages is "sometimes"; expected bool']),
+    (
+        "layers-negative",
+        {"llama_server_gpu_layers": -1},
+        ['{file}: llama_server_gpu_layers is -1; expected "all", "auto" or a number of layers >= 0'],
+    ),
+    (
+        "layers-draft-word",
+        {"llama_server_gpu_layers_draft": "lots"},
+        ['{file}: llama_server_gpu_layers_draft is "lots"; expected "all", "auto"'],
+    ),
+    (
+        "flash-attn",
+        {"llama_server_flash_attn": "maybe"},
+        ['{file}: llama_server_flash_attn is "maybe"; expected one of on, off, auto'],
+    ),
+    (
+        "spec-type",
+        {"llama_server_spec_type": "draft-eagle"},
+        ['{file}: llama_server_spec_type is "draft-eagle"; expected one of none, draft-simple, draft-mtp'],
+    ),
+    (
+        "parallel-zero",
+        {"llama_server_parallel": 0},
+        ["{file}: llama_server_parallel is 0; expected a positive integer"],
+    ),
+    (
+        "driver-source",
+        {"nvidia_driver_source": "apt"},
+        ['{file}: nvidia_driver_source is "apt"; expected one of distro, nvidia'],
+    ),
+    (
+        "kernel-modules",
+        {"nvidia_driver_kernel_modules": "closed"},
+        ['{file}: nvidia_driver_kernel_modules is "closed"; expected one of open, proprietary'],
+    ),
+    (
+        "reboot-timeout",
+        {"nvidia_driver_reboot_timeout": -1},
+        ["{file}: nvidia_driver_reboot_timeout is -1; expected a positive integer"],
+    ),
+    (
+        "toolkit-hold",
+        {"nvidia_container_toolkit_hold_packages": "sometimes"},
+        ['{file}: nvidia_container_toolkit_hold_packages is "sometimes"; expected bool'],
+    ),
     ("docker-source", {"docker_source": "snap"}, ['{file}: docker_source is "snap"; expected one of docker, debian']),
-    ("docker-options", {"docker_daemon_options": ["bridge=none"]}, ['{file}: docker_daemon_options is ["bridge=none"]; expected dict']),
-    ("image-source", {"llamacpp_image_source": "zip"}, ['{file}: llamacpp_image_source is "zip"; expected one of git, tarball']),
+    (
+        "docker-options",
+        {"docker_daemon_options": ["bridge=none"]},
+        ['{file}: docker_daemon_options is ["bridge=none"]; expected dict'],
+    ),
+    (
+        "image-source",
+        {"llamacpp_image_source": "zip"},
+        ['{file}: llamacpp_image_source is "zip"; expected one of git, tarball'],
+    ),
     ("image-cuda", {"llamacpp_image_cuda": "perhaps"}, ['{file}: llamacpp_image_cuda is "perhaps"; expected bool']),
     ("cuda-source", {"cuda_source": "conda"}, ['{file}: cuda_source is "conda"; expected one of distro, nvidia']),
     ("models-verify", {"models_verify": "quick"}, ['{file}: models_verify is "quick"; expected one of fast, full']),
     ("mirror-port", {"models_mirror_port": 99999}, ["{file}: models_mirror_port is 99999; expected a port 1-65535"]),
-    ("bench-draft", {"llama_bench_draft_max": 40}, ["{file}: llama_bench_draft_max is 40; expected a draft length 1-16"]),
+    (
+        "bench-draft",
+        {"llama_bench_draft_max": 40},
+        ["{file}: llama_bench_draft_max is 40; expected a draft length 1-16"],
+    ),
     ("rig-kind", {"rig_kind": "cloud"}, ['{file}: rig_kind is "cloud"; expected gpu or sandbox']),
     ("wants-cuda", {"rig_wants_cuda": "perhaps"}, ['{file}: rig_wants_cuda is "perhaps"; expected bool']),
 ]
@@ -164,8 +290,11 @@ def test_every_bad_value_is_refused_before_contact_naming_file_variable_and_valu
         block = result.output[start:] if start >= 0 else ""
         end = block.find("\n[ERROR]", 1)
         block = block if end < 0 else block[:end]
-        missing += [f"{name}: {text.format(file=host_file)!r} not in\n{block[:1500]}" for text in expected
-                    if text.format(file=host_file) not in block]
+        missing += [
+            f"{name}: {text.format(file=host_file)!r} not in\n{block[:1500]}"
+            for text in expected
+            if text.format(file=host_file) not in block
+        ]
     assert not missing, "\n\n".join(missing)
 
 
