@@ -283,6 +283,7 @@ def test_every_bad_value_is_refused_before_contact_naming_file_variable_and_valu
     assert snapshot(inventory, cache) == before and not lock.exists(), "something changed on disk"
     assert elapsed / len(rigs) < 10, f"{elapsed:.1f} s for {len(rigs)} refusals"
     assert "Provision the rigs" not in result.output and "Gathering Facts" not in result.output
+    assert "[Makefile:40: check] Error 1" in result.output  # rigkit drift: 1 = failed (not 2 = drift)
     missing = []
     for name, _variables, expected in BAD_VALUES:
         host_file = inventory / "host_vars" / f"bad-{name}.yml"
@@ -364,6 +365,8 @@ def test_memory_misfit_is_refused_on_the_controller_before_contact(tmp_path, rec
     roomy = check(inventory, ["roomy"], cache)
     assert "Action failed: roomy" not in roomy.output, roomy.tail()
     assert recorder.attempts > 0
+    # rigkit drift's code comes through: 4 = unreachable (GNU make itself always exits 2 on a failed recipe)
+    assert "roomy: UNREACHABLE" in roomy.output and "[Makefile:40: check] Error 4" in roomy.output, roomy.tail()
 
 
 def test_a_mismatched_pair_is_refused_on_the_cached_headers(tmp_path, recorder):
@@ -387,3 +390,22 @@ def test_the_validation_play_runs_whatever_the_tags(tmp_path, recorder):
         result = check(inventory, ["tagged"], tmp_path, ARGS=f"--tags {tags}")
         assert "llama_server_ctx_size is -5" in result.output, result.tail()
         assert recorder.attempts == 0
+
+
+def test_status_shows_an_absent_sandbox_as_unreachable_and_exits_3(tmp_path):
+    """A sandbox rig whose container does not exist: one unreachable row, the table printed, exit 3."""
+    inventory = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory", inventory, ignore=shutil.ignore_patterns("examples", "rigs.lock.json"))
+    hosts = {"all": {"children": {"rigs": {"children": {"sandbox_rigs": {"hosts": {"absent-rig": None}}}}}}}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    rig = yaml.safe_load((REPO / "inventory/host_vars/sandbox-mtp.yml").read_text())
+    rig["ansible_host"] = f"rigkit-validate-absent-{tmp_path.name}"  # no such container exists
+    (inventory / "host_vars" / "absent-rig.yml").write_text(yaml.safe_dump(rig))
+    env = {"ANSIBLE_INVENTORY": str(inventory / "hosts.yml"), "RIGKIT_CACHE_DIR": str(tmp_path / "cache")}
+    direct = run(["python", "bin/rigkit", "status", "--limit", "absent-rig"], **env)
+    assert direct.returncode == 3, direct.tail()
+    table = [line.split() for line in direct.output.splitlines() if line.startswith("absent-rig ")]
+    assert table and table[0][1] == "no" and "unreachable" in table[0], direct.output
+    assert "rigkit status: unreachable: absent-rig" in direct.output
+    made = run(["make", "--no-print-directory", "status", "host=absent-rig"], **env)
+    assert "[Makefile:50: status] Error 3" in made.output, made.tail()
