@@ -409,3 +409,58 @@ def test_status_shows_an_absent_sandbox_as_unreachable_and_exits_3(tmp_path):
     assert "rigkit status: unreachable: absent-rig" in direct.output
     made = run(["make", "--no-print-directory", "status", "host=absent-rig"], **env)
     assert "[Makefile:50: status] Error 3" in made.output, made.tail()
+
+
+# ------------------------------------------------------------------ the rules themselves, in process (fast)
+def _inventory_values(host_file: Path, groups: list[str]) -> dict:
+    values: dict = {}
+    for group in ["all", *groups]:
+        for path in sorted((REPO / "inventory/group_vars").glob(f"{group}*")):
+            for file in sorted(path.glob("*.yml")) if path.is_dir() else [path]:
+                values.update(yaml.safe_load(file.read_text()) or {})
+    values.update(yaml.safe_load(host_file.read_text()))
+    return values
+
+
+@pytest.mark.parametrize(
+    ("host_file", "group"),
+    [
+        *((REPO / f"inventory/host_vars/{rig}.yml", "gpu_rigs") for rig in ("desktop3050", "laptop1650ti")),
+        *((REPO / f"inventory/host_vars/{rig}.yml", "sandbox_rigs") for rig in ("sandbox", "sandbox-mtp")),
+        (REPO / "inventory/examples/desktop3060.yml", "gpu_rigs"),
+    ],
+    ids=lambda value: getattr(value, "stem", value),
+)
+def test_the_kits_own_rigs_have_no_problem(host_file, group):
+    """No false refusal: every variable the kit's inventory (and the README's example rig) sets is declared."""
+    from ansible.module_utils.rig_validate import Sources, load_specs, rig_problems
+
+    values = _inventory_values(host_file, [group])
+    sources = Sources(str(REPO / "inventory"), host_file.stem, [group, "rigs"])
+    problems = rig_problems(
+        host_file.stem, values, specs=load_specs(str(REPO / "roles")), sources=sources, catalog=CATALOG
+    )
+    assert problems == []
+
+
+def test_cache_type_choices_are_llama_cpps_list():
+    """The spec's choices are the one list; they must be what the preflight's memory model knows."""
+    from ansible.module_utils.rig_validate import load_specs
+    from ansible.module_utils.server_preflight import CACHE_TYPES
+
+    options = load_specs(str(REPO / "roles"))["llama_server"]["main"]
+    for name in ("llama_server_cache_type_k", "llama_server_cache_type_v"):
+        assert sorted(options[name]["choices"]) == sorted(CACHE_TYPES)
+
+
+def test_every_role_default_with_a_kit_prefix_is_declared():
+    """A role default that no spec declares would be refused when a rig sets it: specs and defaults stay in sync."""
+    from ansible.module_utils.rig_validate import declared_variables, load_specs
+
+    declared = declared_variables(load_specs(str(REPO / "roles")))
+    undeclared = []
+    for defaults in sorted(REPO.glob("roles/*/defaults/main.yml")):
+        for name in yaml.safe_load(defaults.read_text()) or {}:
+            if name not in declared:
+                undeclared.append(f"{defaults.relative_to(REPO)}: {name}")
+    assert undeclared == []
