@@ -464,3 +464,20 @@ def test_every_role_default_with_a_kit_prefix_is_declared():
             if name not in declared:
                 undeclared.append(f"{defaults.relative_to(REPO)}: {name}")
     assert undeclared == []
+
+
+def test_tags_select_a_role_for_real_and_never_skip_validation():
+    """`make check host=X ARGS="--tags llama_server"` runs the validation play, the naming pre-tasks and the
+    llama_server role's own tasks (not only its argument-spec check)."""
+    result = run(
+        ["ansible-playbook", "playbooks/provision.yml", "--list-tasks", "--tags", "llama_server", "--limit", "sandbox"]
+    )
+    assert result.returncode == 0, result.tail()
+    selected = result.output
+    assert "Check the rig's variables against the roles' argument specs and the kit's rules\tTAGS: [always]" in selected
+    assert "Name the rig's model paths, the sandbox images and the rig's image\tTAGS: [always]" in selected
+    assert "llama_server : Check the configuration before touching the running server\tTAGS: [llama_server]" in selected
+    assert "llama_server : Roll the server out behind its health check\tTAGS: [llama_server]" in selected
+    assert "nvidia_driver : Install and hold the driver" not in selected  # another role's tasks stay out
+    everything = run(["ansible-playbook", "playbooks/provision.yml", "--list-tasks", "--limit", "sandbox"]).output
+    assert "nvidia_driver : Install and hold the driver\tTAGS: [nvidia_driver]" in everything
