@@ -165,6 +165,9 @@ RANGES: dict[str, tuple[int, int | None, str]] = {
 GPU_LAYER_VARIABLES = ("llama_server_gpu_layers", "llama_server_gpu_layers_draft")
 
 Specs = dict[str, dict[str, dict[str, Any]]]
+# Values never shown in a message: no_log options and anything named like a secret.
+SECRET_NAME_RE = re.compile(r"(tok|api_key|password|secret)", re.IGNORECASE)
+HIDDEN = "<hidden>"
 
 
 class Unresolved:
@@ -466,6 +469,12 @@ def _check_rules(report: Report, values: Mapping[str, Any], catalog: Any) -> Non
     _check_models(report, values, catalog)
 
 
+def _secret(name: str, declared: Mapping[str, Any]) -> bool:
+    """Whether a value must not be shown: a no_log option, a secret-like name, or a typo of one."""
+    names = [name, *difflib.get_close_matches(name, sorted(declared), n=3, cutoff=0.75)]
+    return any(SECRET_NAME_RE.search(n) or declared.get(n, {}).get("no_log") for n in names)
+
+
 def _unknown(name: str, declared: Mapping[str, Any]) -> bool:
     if name.startswith("__") or not name.startswith(PREFIXES) or name in declared:
         return False
@@ -491,18 +500,16 @@ def rig_problems(
     checked: dict[str, Any] = {}
     for name in sorted(values):
         value = values[name]
+        secret = _secret(name, declared)
         if _unknown(name, declared):
-            report.add(
-                name,
-                sources.raw(name) if isinstance(value, Unresolved) else value,
-                f"no role declares this variable{suggestion(name, declared)}",
-            )
+            shown = sources.raw(name) if isinstance(value, Unresolved) else value
+            report.add(name, HIDDEN if secret else shown, f"no role declares this variable{suggestion(name, declared)}")
             continue
         if name not in options or isinstance(value, Unresolved):
             continue
         converted, problem = _check_type(name, options[name], value)
         if problem:
-            report.add(name, value, problem)
+            report.add(name, HIDDEN if secret else value, problem)
             continue
         checked[name] = converted
     _check_rules(report, checked, catalog)

@@ -481,3 +481,19 @@ def test_tags_select_a_role_for_real_and_never_skip_validation():
     assert "nvidia_driver : Install and hold the driver" not in selected  # another role's tasks stay out
     everything = run(["ansible-playbook", "playbooks/provision.yml", "--list-tasks", "--limit", "sandbox"]).output
     assert "nvidia_driver : Install and hold the driver\tTAGS: [nvidia_driver]" in everything
+
+
+def test_a_secret_is_never_shown_in_a_refusal():
+    from ansible.module_utils.rig_validate import Sources, load_specs, rig_problems
+
+    values = _inventory_values(REPO / "inventory/host_vars/desktop3050.yml", ["gpu_rigs"])
+    values.update(models_hf_tokn="hf_secret123", llama_server_api_kye="hunter2")
+    sources = Sources(str(REPO / "inventory"), "desktop3050", ["gpu_rigs", "rigs"])
+    problems = rig_problems(
+        "desktop3050", values, specs=load_specs(str(REPO / "roles")), sources=sources, catalog=CATALOG
+    )
+    text = "\n".join(problems)
+    assert "did you mean models_hf_token" in text
+    assert 'models_hf_tokn is "<hidden>"' in text and 'llama_server_api_kye is "<hidden>"' in text, text
+    assert "did you mean llama_server_api_key" in text
+    assert "hunter2" not in text and "hf_secret123" not in text
