@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.model_catalog import CATALOG_PATH
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.module_utils.server_preflight import PreflightError, preflight
 
 # Variable-name prefixes owned by the kit: such a variable must be declared somewhere.
@@ -568,8 +569,8 @@ def controller_preflight(
         "parallel": values.get("llama_server_parallel", 1),
         "cache_type_k": values.get("llama_server_cache_type_k", "f16"),
         "cache_type_v": values.get("llama_server_cache_type_v", "f16"),
-        "swa_full": bool(values.get("llama_server_swa_full", False)),
-        "kv_unified": bool(values.get("llama_server_kv_unified", False)),
+        "swa_full": boolean(values.get("llama_server_swa_full", False), strict=False),
+        "kv_unified": boolean(values.get("llama_server_kv_unified", False), strict=False),
         "gpu_layers": values.get("llama_server_gpu_layers", "all") if on_gpu else 0,
         "gpu_layers_draft": values.get("llama_server_gpu_layers_draft", "all") if on_gpu else 0,
         "flash_attn": values.get("llama_server_flash_attn", "on"),
