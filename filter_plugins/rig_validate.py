@@ -23,6 +23,7 @@ from ansible.module_utils.rig_validate import (  # noqa: E402
     Unresolved,
     controller_preflight,
     load_specs,
+    plain_defaults,
     resolve_values,
 )
 from ansible.module_utils.rig_validate import rig_problems as _rig_problems  # noqa: E402
@@ -59,7 +60,8 @@ def rig_problems(hostvars: Mapping[str, Any], host: str, groups: list[str], inve
 def rig_controller_preflight(
     hostvars: Mapping[str, Any], host: str, groups: list[str], inventory_dir: str, cache_dir: str
 ) -> list[str]:
-    values = {k: v for k, v in _values(hostvars).items() if not isinstance(v, Unresolved)}
+    resolved = {k: v for k, v in _values(hostvars).items() if not isinstance(v, Unresolved)}
+    values = {**plain_defaults(ROLES_DIR, "llama_server"), **resolved}
     sources = Sources(inventory_dir, host, groups)
     return controller_preflight(host, values, sources=sources, catalog=values.get("model_catalog"), cache_dir=cache_dir)
 

@@ -194,6 +194,14 @@ def load_specs(roles_dir: str) -> Specs:
     return specs
 
 
+def plain_defaults(roles_dir: str, role: str) -> dict[str, Any]:
+    """A role's defaults that need no templating (the controller preflight's fallbacks: the role's own values)."""
+    path = os.path.join(roles_dir, role, "defaults", "main.yml")
+    with open(path, encoding="utf-8") as handle:
+        data = yaml.safe_load(handle) or {}
+    return {name: value for name, value in data.items() if not (isinstance(value, str) and "{{" in value)}
+
+
 def declared_variables(specs: Specs) -> dict[str, dict[str, Any]]:
     """Every variable any role or the kit declares, with its option spec."""
     declared: dict[str, dict[str, Any]] = {}
