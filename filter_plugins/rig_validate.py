@@ -1,7 +1,7 @@
 """Jinja filters that validate a rig's description on the controller (logic in module_utils/rig_validate.py).
 
 They run while the validation play templates its assert: nothing connects to a rig.
-``hostvars[inventory_hostname] | rig_problems(inventory_hostname, group_names, inventory_dir)`` lists every
+``hostvars[inventory_hostname] | rig_problems(inventory_hostname, group_names, ansible_inventory_sources)`` lists every
 problem of one rig; ``rig_controller_preflight`` runs the pairing and memory preflight on cached GGUF headers.
 """
 
@@ -50,19 +50,19 @@ def _values(hostvars: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def rig_problems(hostvars: Mapping[str, Any], host: str, groups: list[str], inventory_dir: str) -> list[str]:
+def rig_problems(hostvars: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str]) -> list[str]:
     values = _values(hostvars)
-    sources = Sources(inventory_dir, host, groups)
+    sources = Sources(inventory, host, groups)
     catalog = values.get("model_catalog")
     return _rig_problems(host, values, specs=load_specs(ROLES_DIR), sources=sources, catalog=catalog)
 
 
 def rig_controller_preflight(
-    hostvars: Mapping[str, Any], host: str, groups: list[str], inventory_dir: str, cache_dir: str
+    hostvars: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], cache_dir: str
 ) -> list[str]:
     resolved = {k: v for k, v in _values(hostvars).items() if not isinstance(v, Unresolved)}
     values = {**plain_defaults(ROLES_DIR, "llama_server"), **resolved}
-    sources = Sources(inventory_dir, host, groups)
+    sources = Sources(inventory, host, groups)
     return controller_preflight(host, values, sources=sources, catalog=values.get("model_catalog"), cache_dir=cache_dir)
 
 

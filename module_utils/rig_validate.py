@@ -286,25 +286,66 @@ def _candidate_files(inventory_dir: str, kind: str, name: str) -> list[str]:
     return [path for path in files if os.path.isfile(path)]
 
 
+def _inline_hosts(node: Any, host: str) -> dict[str, Any] | None:
+    """The variables written under ``host`` in a YAML inventory tree (all: children: ... hosts: host: {...})."""
+    if not isinstance(node, dict):
+        return None
+    hosts = node.get("hosts")
+    if isinstance(hosts, dict) and isinstance(hosts.get(host), dict):
+        return hosts[host]
+    for child in (node.get("children") or {}).values() if isinstance(node.get("children"), dict) else ():
+        found = _inline_hosts(child, host)
+        if found is not None:
+            return found
+    return None
+
+
+def _inline_host_vars(inventory_dir: str, host: str) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for name in sorted(os.listdir(inventory_dir)) if os.path.isdir(inventory_dir) else []:
+        path = os.path.join(inventory_dir, name)
+        if not (name.endswith((".yml", ".yaml")) and os.path.isfile(path)):
+            continue
+        try:
+            data = load_yaml_file(path)
+        except (OSError, yaml.YAMLError):
+            continue
+        variables = _inline_hosts(data.get("all") if isinstance(data, dict) else None, host)
+        if variables:
+            found.append((display_path(path), variables))
+    return found
+
+
 class Sources:
     """Which inventory file sets a variable for one host: host_vars first, then its groups', then group all."""
 
-    def __init__(self, inventory_dir: str, host: str, groups: Iterable[str]) -> None:
+    def __init__(self, inventory: str | Iterable[str], host: str, groups: Iterable[str]) -> None:
+        # Every inventory source (a file: its directory), the last one first: later sources override earlier ones.
+        sources = [inventory] if isinstance(inventory, str) else list(inventory)
+        dirs = list(dict.fromkeys(s if os.path.isdir(s) else os.path.dirname(s) for s in reversed(sources)))
         ordered = [("host_vars", host)] + [("group_vars", g) for g in groups if g != "all"] + [("group_vars", "all")]
         self._files: list[tuple[str, dict[str, Any]]] = []
         for kind, name in ordered:
-            for path in _candidate_files(inventory_dir, kind, name):
-                try:
-                    data = load_yaml_file(path)
-                except (OSError, yaml.YAMLError):
-                    continue
-                if isinstance(data, dict):
-                    self._files.append((display_path(path), data))
+            for inventory_dir in dirs:
+                for path in _candidate_files(inventory_dir, kind, name):
+                    try:
+                        data = load_yaml_file(path)
+                    except (OSError, yaml.YAMLError):
+                        continue
+                    if isinstance(data, dict):
+                        self._files.append((display_path(path), data))
+                if kind == "host_vars":  # variables written inline under the host in an inventory file
+                    self._files += _inline_host_vars(inventory_dir, host)
 
-    def file_of(self, variable: str) -> str:
+    def file_of(self, variable: str, value: Any = None) -> str:
+        """The file that sets ``variable``; with its ``value``, --extra-vars when that overrides the file's."""
         for path, data in self._files:
             if variable in data:
-                return path
+                raw = data[variable]
+                templated = isinstance(raw, str) and "{{" in raw
+                if value is None or templated or str(raw) == str(value) or show(raw) == show(value):
+                    return path
+                return f"--extra-vars (overriding {path})"
         return "--extra-vars or a role default"
 
     def raw(self, variable: str) -> Any:
@@ -337,7 +378,8 @@ class Report:
 
     def add(self, variable: str, value: Any, expected: str, *, field: str | None = None) -> None:
         label = f"{variable}.{field}" if field else variable
-        self.problems.append(f"{self.sources.file_of(variable)}: {label} is {show(value)}; {expected}")
+        whole = None if field or value == HIDDEN else value
+        self.problems.append(f"{self.sources.file_of(variable, whole)}: {label} is {show(value)}; {expected}")
 
     def note(self, variable: str, text: str) -> None:
         self.problems.append(f"{self.sources.file_of(variable)}: {text}")

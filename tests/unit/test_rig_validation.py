@@ -505,3 +505,17 @@ def test_a_secret_is_never_shown_in_a_refusal():
     assert 'models_hf_tokn is "<hidden>"' in text and 'llama_server_api_kye is "<hidden>"' in text, text
     assert "did you mean llama_server_api_key" in text
     assert "hunter2" not in text and "hf_secret123" not in text
+
+
+def test_the_file_named_is_the_one_that_set_the_value():
+    """Later inventory sources override earlier ones, inline host variables count, and --extra-vars says so."""
+    from ansible.module_utils.rig_validate import Sources
+
+    broken = REPO / "tests/integration/inventories/rollout-broken"
+    sources = Sources([str(REPO / "inventory/hosts.yml"), str(broken)], "sandbox-mtp", ["sandbox_rigs", "rigs"])
+    assert sources.file_of("llama_server_ctx_size", 65536).endswith("rollout-broken/host_vars/sandbox-mtp.yml")
+    assert sources.file_of("models_target").endswith("inventory/host_vars/sandbox-mtp.yml")
+    assert sources.file_of("rig_kind", "sandbox").endswith("inventory/group_vars/sandbox_rigs.yml")
+    assert sources.file_of("llama_server_port", 0).startswith("--extra-vars (overriding ")
+    inline = Sources(str(broken / "hosts.yml"), "sandbox-3", ["sandbox_rigs", "rigs"])
+    assert inline.file_of("llama_server_spec_draft_n_max", 3).endswith("rollout-broken/hosts.yml")
