@@ -518,6 +518,22 @@ def _check_rules(report: Report, values: Mapping[str, Any], catalog: Any) -> Non
             "llama_server_api_key), or bind 127.0.0.1",
         )
     _check_models(report, values, catalog)
+    _check_trained_context(report, values, catalog)
+
+
+def _check_trained_context(report: Report, values: Mapping[str, Any], catalog: Any) -> None:
+    """ctx_size within the target's trained context, from the catalog's shape (``make discover``) when it has one;
+    the cached GGUF header says the same in the controller preflight."""
+    ctx, target = values.get("llama_server_ctx_size"), values.get("models_target")
+    entry = catalog.get(target) if isinstance(catalog, Mapping) and isinstance(target, str) else None
+    shape = entry.get("shape") if isinstance(entry, Mapping) else None
+    limit = shape.get("context_length") if isinstance(shape, Mapping) else None
+    if _is_int(ctx) and _is_int(limit) and 0 < limit < ctx:
+        report.add(
+            "llama_server_ctx_size",
+            ctx,
+            f"expected at most {limit}, the context {target} was trained for (its catalog shape.context_length)",
+        )
 
 
 def _secret(name: str, declared: Mapping[str, Any]) -> bool:

@@ -519,3 +519,22 @@ def test_the_file_named_is_the_one_that_set_the_value():
     assert sources.file_of("llama_server_port", 0).startswith("--extra-vars (overriding ")
     inline = Sources(str(broken / "hosts.yml"), "sandbox-3", ["sandbox_rigs", "rigs"])
     assert inline.file_of("llama_server_spec_draft_n_max", 3).endswith("rollout-broken/hosts.yml")
+
+
+def test_context_beyond_the_catalogs_trained_context_is_refused():
+    """Where the catalog records the target's shape (make discover), no cached file is needed for the limit."""
+    import copy
+
+    from ansible.module_utils.rig_validate import Sources, load_specs, rig_problems
+
+    catalog = copy.deepcopy(CATALOG)
+    catalog["tiny-gemma4-target"]["shape"] = {"context_length": 1024}
+    values = _inventory_values(REPO / "inventory/host_vars/sandbox-mtp.yml", ["sandbox_rigs"])
+    sources = Sources(str(REPO / "inventory"), "sandbox-mtp", ["sandbox_rigs", "rigs"])
+    specs = load_specs(str(REPO / "roles"))
+    assert rig_problems("sandbox-mtp", values, specs=specs, sources=sources, catalog=catalog) == []
+    values["llama_server_ctx_size"] = 4096
+    assert rig_problems("sandbox-mtp", values, specs=specs, sources=sources, catalog=catalog) == [
+        "--extra-vars (overriding inventory/host_vars/sandbox-mtp.yml): llama_server_ctx_size is 4096; expected at "
+        "most 1024, the context tiny-gemma4-target was trained for (its catalog shape.context_length)"
+    ]
