@@ -109,5 +109,5 @@ def test_check_mode_resolves_every_variable_of_a_gpu_rig(host, tmp_path):
     counters = recap(result.output)[host]
     assert counters["failed"] == 0, result.tail()
     assert counters["unreachable"] == 1, result.tail()
-    assert "Resolve the rig's models in the catalog" in result.output
+    assert "Check the rig's variables against the roles' argument specs" in result.output
     assert "ssh: connect to host 127.0.0.1 port 1" in result.output

@@ -1,0 +1,541 @@
+"""Issue 14: every bad rig description is refused on the controller before any rig is contacted, naming the file,
+the variable, its value and what is accepted.
+
+Each bad value goes into its own rig of a temporary copy of the inventory (a copy of desktop3050 with its models
+pinned: the tiny gemma4 pair), whose SSH address is a loopback TCP listener that records every connection attempt.
+One `make check` over all those rigs must refuse each of them, list its problem, contact none of them and change
+nothing on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import resource
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.tiny_gemma4 import write_pair
+from tests.support import REPO, run
+
+CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
+BASE_RIG = yaml.safe_load((REPO / "inventory/host_vars/desktop3050.yml").read_text())
+BASE_RIG.update(models_target="tiny-gemma4-target", models_drafter="tiny-gemma4-assistant", llama_server_ctx_size=1024)
+
+# (name, variables merged into the rig, [what the refusal must say]); {file} is the rig's host_vars file.
+BAD_VALUES: list[tuple[str, dict, list[str]]] = [
+    ("ctx-abc", {"llama_server_ctx_size": "abc"}, ['{file}: llama_server_ctx_size is "abc"; expected int']),
+    ("ctx-negative", {"llama_server_ctx_size": -5}, ["{file}: llama_server_ctx_size is -5; expected a positive"]),
+    (
+        "draft-zero",
+        {"llama_server_spec_draft_n_max": 0},
+        ["llama_server_spec_draft_n_max is 0; expected a draft length 1-16"],
+    ),
+    (
+        "draft-1000",
+        {"llama_server_spec_draft_n_max": 1000},
+        ["{file}: llama_server_spec_draft_n_max is 1000; expected a draft"],
+    ),
+    (
+        "draft-min-above-max",
+        {"llama_server_spec_draft_n_min": 3},
+        ["{file}: llama_server_spec_draft_n_min is 3; expected at most llama_server_spec_draft_n_max (2)"],
+    ),
+    (
+        "cc-9x",
+        {"rig_gpu": {**BASE_RIG["rig_gpu"], "compute_capability": "9.x"}},
+        ['{file}: rig_gpu.compute_capability is "9.x"; expected MAJOR.MINOR such as "8.6"'],
+    ),
+    (
+        "vram-zero",
+        {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram_mib": 0}},
+        ["{file}: rig_gpu.vram_mib is 0; expected the GPU's memory in MiB"],
+    ),
+    (
+        "rig-gpu-typo",
+        {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram": 8192}},
+        ["{file}: rig_gpu.vram is 8192; unknown field; did you mean vram_mib?"],
+    ),
+    (
+        "unknown-target",
+        {"models_target": "gemma-4-E3B-it-nope"},
+        ['{file}: models_target is "gemma-4-E3B-it-nope"; expected a model of the catalog', "did you mean gemma-4-E"],
+    ),
+    (
+        "drafter-unknown",
+        {"models_drafter": "tiny-gemma4-asistant"},
+        ['{file}: models_drafter is "tiny-gemma4-asistant"', "did you mean tiny-gemma4-assistant"],
+    ),
+    (
+        "pairs-with",
+        {"models_drafter": "gemma-4-E4B-it-qat-assistant-q4_0-exact"},
+        [
+            '{file}: models_drafter is "gemma-4-E4B-it-qat-assistant-q4_0-exact"; '
+            "that drafter pairs with gemma-4-E4B-it-qat-q4_0-exact"
+        ],
+    ),
+    (
+        "open-bind",
+        {"llama_server_host": "0.0.0.0"},
+        ['{file}: llama_server_host is "0.0.0.0"; a non-loopback bind needs llama_server_api_key'],
+    ),
+    (
+        "gpu-access",
+        {"llama_server_gpu_access": "bogus"},
+        ['{file}: llama_server_gpu_access is "bogus"; expected one of cdi, gpus, none'],
+    ),
+    (
+        "cache-k",
+        {"llama_server_cache_type_k": "q3_7"},
+        ['{file}: llama_server_cache_type_k is "q3_7"; expected one of f32, f16'],
+    ),
+    (
+        "cache-v",
+        {"llama_server_cache_type_v": "q2_K"},
+        ['{file}: llama_server_cache_type_v is "q2_K"; expected one of'],
+    ),
+    (
+        "driver-branch",
+        {"nvidia_driver_version": "550.54.14"},
+        ['{file}: nvidia_driver_version is "550.54.14"; expected a version of nvidia_driver_branch 535'],
+    ),
+    (
+        "driver-version-shape",
+        {"nvidia_driver_version": "latest"},
+        ['{file}: nvidia_driver_version is "latest"; expected an exact driver version'],
+    ),
+    (
+        "typo-ctx",
+        {"llama_server_ctx_sizee": 16384},
+        ["{file}: llama_server_ctx_sizee is 16384; no role declares this variable; did you mean llama_server_ctx_size"],
+    ),
+    (
+        "typo-driver",
+        {"nvidia_drvier_version": "535.261.03"},
+        [
+            '{file}: nvidia_drvier_version is "535.261.03"; no role declares this variable; '
+            "did you mean nvidia_driver_version"
+        ],
+    ),
+    (
+        "typo-models",
+        {"models_targte": "tiny-gemma4-target"},
+        ['{file}: models_targte is "tiny-gemma4-target"; no role declares this variable; did you mean models_target'],
+    ),
+    ("port-high", {"llama_server_port": 70000}, ["{file}: llama_server_port is 70000; expected a port 1-65535"]),
+    ("port-zero", {"llama_server_port": 0}, ["{file}: llama_server_port is 0; expected a port 1-65535"]),
+    (
+        "layers-negative",
+        {"llama_server_gpu_layers": -1},
+        ['{file}: llama_server_gpu_layers is -1; expected "all", "auto" or a number of layers >= 0'],
+    ),
+    (
+        "layers-draft-word",
+        {"llama_server_gpu_layers_draft": "lots"},
+        ['{file}: llama_server_gpu_layers_draft is "lots"; expected "all", "auto"'],
+    ),
+    (
+        "flash-attn",
+        {"llama_server_flash_attn": "maybe"},
+        ['{file}: llama_server_flash_attn is "maybe"; expected one of on, off, auto'],
+    ),
+    (
+        "spec-type",
+        {"llama_server_spec_type": "draft-eagle"},
+        ['{file}: llama_server_spec_type is "draft-eagle"; expected one of none, draft-simple, draft-mtp'],
+    ),
+    (
+        "parallel-zero",
+        {"llama_server_parallel": 0},
+        ["{file}: llama_server_parallel is 0; expected a positive integer"],
+    ),
+    (
+        "driver-source",
+        {"nvidia_driver_source": "apt"},
+        ['{file}: nvidia_driver_source is "apt"; expected one of distro, nvidia'],
+    ),
+    (
+        "kernel-modules",
+        {"nvidia_driver_kernel_modules": "closed"},
+        ['{file}: nvidia_driver_kernel_modules is "closed"; expected one of open, proprietary'],
+    ),
+    (
+        "reboot-timeout",
+        {"nvidia_driver_reboot_timeout": -1},
+        ["{file}: nvidia_driver_reboot_timeout is -1; expected a positive integer"],
+    ),
+    (
+        "toolkit-hold",
+        {"nvidia_container_toolkit_hold_packages": "sometimes"},
+        ['{file}: nvidia_container_toolkit_hold_packages is "sometimes"; expected bool'],
+    ),
+    ("docker-source", {"docker_source": "snap"}, ['{file}: docker_source is "snap"; expected one of docker, debian']),
+    (
+        "docker-options",
+        {"docker_daemon_options": ["bridge=none"]},
+        ['{file}: docker_daemon_options is ["bridge=none"]; expected dict'],
+    ),
+    (
+        "image-source",
+        {"llamacpp_image_source": "zip"},
+        ['{file}: llamacpp_image_source is "zip"; expected one of git, tarball'],
+    ),
+    ("image-cuda", {"llamacpp_image_cuda": "perhaps"}, ['{file}: llamacpp_image_cuda is "perhaps"; expected bool']),
+    ("cuda-source", {"cuda_source": "conda"}, ['{file}: cuda_source is "conda"; expected one of distro, nvidia']),
+    ("models-verify", {"models_verify": "quick"}, ['{file}: models_verify is "quick"; expected one of fast, full']),
+    ("mirror-port", {"models_mirror_port": 99999}, ["{file}: models_mirror_port is 99999; expected a port 1-65535"]),
+    (
+        "bench-draft",
+        {"llama_bench_draft_max": 40},
+        ["{file}: llama_bench_draft_max is 40; expected a draft length 1-16"],
+    ),
+    ("rig-kind", {"rig_kind": "cloud"}, ['{file}: rig_kind is "cloud"; expected gpu or sandbox']),
+    ("wants-cuda", {"rig_wants_cuda": "perhaps"}, ['{file}: rig_wants_cuda is "perhaps"; expected bool']),
+]
+
+
+class ConnectionRecorder:
+    """A loopback TCP listener standing in for every rig's SSH port: it records each connection attempt."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.attempts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.attempts += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def recorder():
+    listener = ConnectionRecorder()
+    yield listener
+    listener.close()
+
+
+def make_inventory(root: Path, rigs: dict[str, dict], port: int) -> Path:
+    """A copy of the kit's inventory whose GPU rigs are exactly ``rigs`` (each a desktop3050 variant)."""
+    inventory = root / "inventory"
+    shutil.copytree(REPO / "inventory", inventory, ignore=shutil.ignore_patterns("examples", "rigs.lock.json"))
+    for stale in ("desktop3050", "laptop1650ti"):
+        (inventory / "host_vars" / f"{stale}.yml").unlink()
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    hosts["all"]["children"]["rigs"]["children"]["gpu_rigs"]["hosts"] = {name: None for name in rigs}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    for name, variables in rigs.items():
+        rig = {**BASE_RIG, **variables, "ansible_host": "127.0.0.1", "ansible_port": port, "ansible_user": "nobody"}
+        (inventory / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump(rig, sort_keys=False))
+    return inventory
+
+
+def snapshot(*roots: Path) -> dict[str, str]:
+    return {
+        str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+        for root in roots
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def check(inventory: Path, hosts: list[str], cache: Path, **env: str):
+    return run(
+        ["make", "--no-print-directory", "check", f"host={','.join(hosts)}"],
+        ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
+        RIGKIT_CACHE_DIR=str(cache),
+        **env,
+    )
+
+
+def test_every_bad_value_is_refused_before_contact_naming_file_variable_and_value(tmp_path, recorder):
+    rigs = {f"bad-{name}": variables for name, variables, _ in BAD_VALUES}
+    inventory = make_inventory(tmp_path, rigs, recorder.port)
+    cache, lock = tmp_path / "cache", tmp_path / "rigs.lock.json"
+    cache.mkdir()
+    before = snapshot(inventory, cache)
+
+    started = time.monotonic()
+    result = check(inventory, list(rigs), cache, RIGKIT_LOCK_FILE=str(lock))
+    elapsed = time.monotonic() - started
+
+    assert result.returncode != 0, result.tail()
+    assert recorder.attempts == 0, "a rig was contacted"
+    assert snapshot(inventory, cache) == before and not lock.exists(), "something changed on disk"
+    assert elapsed / len(rigs) < 10, f"{elapsed:.1f} s for {len(rigs)} refusals"
+    assert "Provision the rigs" not in result.output and "Gathering Facts" not in result.output
+    assert re.search(r"\[Makefile:\d+: check\] Error 1$", result.output, re.M)  # drift: 1 = failed, not 2 = drift
+    missing = []
+    for name, _variables, expected in BAD_VALUES:
+        host_file = inventory / "host_vars" / f"bad-{name}.yml"
+        start = result.output.find(f"[ERROR]: Task failed: Action failed: bad-{name}: ")
+        block = result.output[start:] if start >= 0 else ""
+        end = block.find("\n[ERROR]", 1)
+        block = block if end < 0 else block[:end]
+        missing += [
+            f"{name}: {text.format(file=host_file)!r} not in\n{block[:1500]}"
+            for text in expected
+            if text.format(file=host_file) not in block
+        ]
+    assert not missing, "\n\n".join(missing)
+
+
+def test_all_problems_of_a_rig_are_listed_at_once(tmp_path, recorder):
+    bad = {
+        "llama_server_ctx_size": -5,
+        "llama_server_cache_type_k": "q3_7",
+        "llama_server_ctx_sizee": 16384,
+        "rig_gpu": {**BASE_RIG["rig_gpu"], "compute_capability": "9.x"},
+    }
+    inventory = make_inventory(tmp_path, {"many": bad}, recorder.port)
+    started, cpu_before = time.monotonic(), _children_cpu()
+    result = check(inventory, ["many"], tmp_path)
+    elapsed, cpu = time.monotonic() - started, _children_cpu() - cpu_before
+    assert result.returncode != 0
+    assert "many: 4 problem(s) in the rig's description" in result.output, result.tail()
+    assert recorder.attempts == 0
+    # CPU time, not wall time: this 2-core machine is shared, so the wall clock measures the neighbours
+    assert cpu < 10, f"one refusal took {cpu:.1f} s of CPU ({elapsed:.1f} s wall)"
+    print(f"one rig refused in {elapsed:.1f} s wall, {cpu:.1f} s CPU")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_the_recorder_sees_a_rig_that_is_contacted(tmp_path, recorder):
+    """The control: a rig that passes validation is contacted through the same address, so attempts counts."""
+    inventory = make_inventory(tmp_path, {"good": {}}, recorder.port)
+    result = run(
+        ["ansible", "good", "-m", "ansible.builtin.ping", "-e", "ansible_ssh_timeout=3"],
+        ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
+    )
+    assert result.returncode != 0
+    assert recorder.attempts > 0
+
+
+def test_a_yaml_error_names_file_line_and_column(tmp_path):
+    inventory = make_inventory(tmp_path, {"broken": {}}, 22)
+    host_file = inventory / "host_vars" / "broken.yml"
+    host_file.write_text(host_file.read_text() + "llama_server_ctx_size: [8192\nllama_server_port: 8080\n")
+    result = run(["python", "bin/rigkit", "check-host", "broken"], ANSIBLE_INVENTORY=str(inventory / "hosts.yml"))
+    assert result.returncode == 2
+    lines = host_file.read_text().splitlines()
+    assert f"{host_file}:{len(lines)}:" in result.output, result.output
+    assert "YAML syntax error" in result.output
+
+
+def _cache_pair(cache: Path) -> None:
+    paths = []
+    for name in ("tiny-gemma4-target", "tiny-gemma4-assistant"):
+        entry = CATALOG[name]
+        path = cache / "models" / entry["repo"] / "resolve" / entry["revision"] / entry["filename"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        paths.append(path)
+    write_pair(paths[0], paths[1])
+
+
+def test_memory_misfit_is_refused_on_the_controller_before_contact(tmp_path, recorder):
+    cache = tmp_path / "cache"
+    _cache_pair(cache)
+    small = {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram_mib": 1024}}
+    inventory = make_inventory(tmp_path, {"small": small, "roomy": {}}, recorder.port)
+    result = check(inventory, ["small"], cache)
+    assert result.returncode != 0
+    assert recorder.attempts == 0
+    message = result.output[result.output.index("[ERROR]: Task failed: Action failed: small: ") :]
+    assert str(inventory / "host_vars" / "small.yml") in message
+    assert "rig_gpu.vram_mib" in message and "controller preflight" in message, message[:3000]
+    assert "Provision the rigs" not in result.output
+
+    # the same pair on the rig's real 8 GiB passes validation: the next play contacts the rig (the recorder)
+    roomy = check(inventory, ["roomy"], cache)
+    assert "Action failed: roomy" not in roomy.output, roomy.tail()
+    assert recorder.attempts > 0
+    # rigkit drift's code comes through: 4 = unreachable (GNU make itself always exits 2 on a failed recipe)
+    assert "roomy: UNREACHABLE" in roomy.output and re.search(r"\[Makefile:\d+: check\] Error 4$", roomy.output, re.M)
+
+
+def test_a_mismatched_pair_is_refused_on_the_cached_headers(tmp_path, recorder):
+    """A drafter of another width, cached under the pair's names: refused by the controller preflight."""
+    cache = tmp_path / "cache"
+    _cache_pair(cache)
+    drafter = CATALOG["tiny-gemma4-assistant"]
+    drafter_path = cache / "models" / drafter["repo"] / "resolve" / drafter["revision"] / drafter["filename"]
+    target_path = drafter_path.parent / CATALOG["tiny-gemma4-target"]["filename"]
+    write_pair(target_path, drafter_path, embedding_length_out=96)
+    inventory = make_inventory(tmp_path, {"mismatch": {}}, recorder.port)
+    result = check(inventory, ["mismatch"], cache)
+    assert result.returncode != 0
+    assert recorder.attempts == 0
+    assert "Action failed: mismatch" in result.output and "controller preflight" in result.output, result.tail()
+
+
+def test_the_validation_play_runs_whatever_the_tags(tmp_path, recorder):
+    inventory = make_inventory(tmp_path, {"tagged": {"llama_server_ctx_size": -5}}, recorder.port)
+    for tags in ("models", "llama_server"):
+        result = check(inventory, ["tagged"], tmp_path, ARGS=f"--tags {tags}")
+        assert "llama_server_ctx_size is -5" in result.output, result.tail()
+        assert recorder.attempts == 0
+
+
+def test_status_shows_an_absent_sandbox_as_unreachable_and_exits_3(tmp_path):
+    """A sandbox rig whose container does not exist: one unreachable row, the table printed, exit 3."""
+    inventory = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory", inventory, ignore=shutil.ignore_patterns("examples", "rigs.lock.json"))
+    hosts = {"all": {"children": {"rigs": {"children": {"sandbox_rigs": {"hosts": {"absent-rig": None}}}}}}}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    rig = yaml.safe_load((REPO / "inventory/host_vars/sandbox-mtp.yml").read_text())
+    rig["ansible_host"] = f"rigkit-validate-absent-{tmp_path.name}"  # no such container exists
+    (inventory / "host_vars" / "absent-rig.yml").write_text(yaml.safe_dump(rig))
+    env = {"ANSIBLE_INVENTORY": str(inventory / "hosts.yml"), "RIGKIT_CACHE_DIR": str(tmp_path / "cache")}
+    direct = run(["python", "bin/rigkit", "status", "--limit", "absent-rig"], **env)
+    assert direct.returncode == 3, direct.tail()
+    table = [line.split() for line in direct.output.splitlines() if line.startswith("absent-rig ")]
+    assert table and table[0][1] == "no" and "unreachable" in table[0], direct.output
+    assert "rigkit status: unreachable: absent-rig" in direct.output
+    made = run(["make", "--no-print-directory", "status", "host=absent-rig"], **env)
+    assert re.search(r"\[Makefile:\d+: status\] Error 3$", made.output, re.M), made.tail()
+
+
+# ------------------------------------------------------------------ the rules themselves, in process (fast)
+def _inventory_values(host_file: Path, groups: list[str]) -> dict:
+    values: dict = {}
+    for group in ["all", *groups]:
+        for path in sorted((REPO / "inventory/group_vars").glob(f"{group}*")):
+            for file in sorted(path.glob("*.yml")) if path.is_dir() else [path]:
+                values.update(yaml.safe_load(file.read_text()) or {})
+    values.update(yaml.safe_load(host_file.read_text()))
+    return values
+
+
+@pytest.mark.parametrize(
+    ("host_file", "group"),
+    [
+        *((REPO / f"inventory/host_vars/{rig}.yml", "gpu_rigs") for rig in ("desktop3050", "laptop1650ti")),
+        *((REPO / f"inventory/host_vars/{rig}.yml", "sandbox_rigs") for rig in ("sandbox", "sandbox-mtp")),
+        (REPO / "inventory/examples/desktop3060.yml", "gpu_rigs"),
+    ],
+    ids=lambda value: getattr(value, "stem", value),
+)
+def test_the_kits_own_rigs_have_no_problem(host_file, group):
+    """No false refusal: every variable the kit's inventory (and the README's example rig) sets is declared."""
+    from ansible.module_utils.rig_validate import Sources, load_specs, rig_problems
+
+    values = _inventory_values(host_file, [group])
+    sources = Sources(str(REPO / "inventory"), host_file.stem, [group, "rigs"])
+    problems = rig_problems(
+        host_file.stem, values, specs=load_specs(str(REPO / "roles")), sources=sources, catalog=CATALOG
+    )
+    assert problems == []
+
+
+def test_cache_type_choices_are_llama_cpps_list():
+    """The spec's choices are the one list; they must be what the preflight's memory model knows."""
+    from ansible.module_utils.rig_validate import load_specs
+    from ansible.module_utils.server_preflight import CACHE_TYPES
+
+    options = load_specs(str(REPO / "roles"))["llama_server"]["main"]
+    for name in ("llama_server_cache_type_k", "llama_server_cache_type_v"):
+        assert sorted(options[name]["choices"]) == sorted(CACHE_TYPES)
+
+
+def test_every_role_default_with_a_kit_prefix_is_declared():
+    """A role default that no spec declares would be refused when a rig sets it: specs and defaults stay in sync."""
+    from ansible.module_utils.rig_validate import declared_variables, load_specs
+
+    declared = declared_variables(load_specs(str(REPO / "roles")))
+    undeclared = []
+    for defaults in sorted(REPO.glob("roles/*/defaults/main.yml")):
+        for name in yaml.safe_load(defaults.read_text()) or {}:
+            if name not in declared:
+                undeclared.append(f"{defaults.relative_to(REPO)}: {name}")
+    assert undeclared == []
+
+
+def test_tags_select_a_role_for_real_and_never_skip_validation():
+    """`make check host=X ARGS="--tags llama_server"` runs the validation play, the naming pre-tasks and the
+    llama_server role's own tasks (not only its argument-spec check)."""
+    result = run(
+        ["ansible-playbook", "playbooks/provision.yml", "--list-tasks", "--tags", "llama_server", "--limit", "sandbox"]
+    )
+    assert result.returncode == 0, result.tail()
+    selected = result.output
+    assert "Check the rig's variables against the roles' argument specs and the kit's rules\tTAGS: [always]" in selected
+    assert "Name the rig's model paths, the sandbox images and the rig's image\tTAGS: [always]" in selected
+    assert "llama_server : Check the configuration before touching the running server\tTAGS: [llama_server]" in selected
+    assert "llama_server : Roll the server out behind its health check\tTAGS: [llama_server]" in selected
+    assert "nvidia_driver : Install and hold the driver" not in selected  # another role's tasks stay out
+    everything = run(["ansible-playbook", "playbooks/provision.yml", "--list-tasks", "--limit", "sandbox"]).output
+    assert "nvidia_driver : Install and hold the driver\tTAGS: [nvidia_driver]" in everything
+
+
+def test_a_secret_is_never_shown_in_a_refusal():
+    from ansible.module_utils.rig_validate import Sources, load_specs, rig_problems
+
+    values = _inventory_values(REPO / "inventory/host_vars/desktop3050.yml", ["gpu_rigs"])
+    values.update(models_hf_tokn="hf_secret123", llama_server_api_kye="hunter2")
+    sources = Sources(str(REPO / "inventory"), "desktop3050", ["gpu_rigs", "rigs"])
+    problems = rig_problems(
+        "desktop3050", values, specs=load_specs(str(REPO / "roles")), sources=sources, catalog=CATALOG
+    )
+    text = "\n".join(problems)
+    assert "did you mean models_hf_token" in text
+    assert 'models_hf_tokn is "<hidden>"' in text and 'llama_server_api_kye is "<hidden>"' in text, text
+    assert "did you mean llama_server_api_key" in text
+    assert "hunter2" not in text and "hf_secret123" not in text
+
+
+def test_the_file_named_is_the_one_that_set_the_value():
+    """Later inventory sources override earlier ones, inline host variables count, and --extra-vars says so."""
+    from ansible.module_utils.rig_validate import Sources
+
+    broken = REPO / "tests/integration/inventories/rollout-broken"
+    sources = Sources([str(REPO / "inventory/hosts.yml"), str(broken)], "sandbox-mtp", ["sandbox_rigs", "rigs"])
+    assert sources.file_of("llama_server_ctx_size", 65536).endswith("rollout-broken/host_vars/sandbox-mtp.yml")
+    assert sources.file_of("models_target").endswith("inventory/host_vars/sandbox-mtp.yml")
+    assert sources.file_of("rig_kind", "sandbox").endswith("inventory/group_vars/sandbox_rigs.yml")
+    assert sources.file_of("llama_server_port", 0).startswith("--extra-vars (overriding ")
+    inline = Sources(str(broken / "hosts.yml"), "sandbox-3", ["sandbox_rigs", "rigs"])
+    assert inline.file_of("llama_server_spec_draft_n_max", 3).endswith("rollout-broken/hosts.yml")
+
+
+def test_context_beyond_the_catalogs_trained_context_is_refused():
+    """Where the catalog records the target's shape (make discover), no cached file is needed for the limit."""
+    import copy
+
+    from ansible.module_utils.rig_validate import Sources, load_specs, rig_problems
+
+    catalog = copy.deepcopy(CATALOG)
+    catalog["tiny-gemma4-target"]["shape"] = {"context_length": 1024}
+    values = _inventory_values(REPO / "inventory/host_vars/sandbox-mtp.yml", ["sandbox_rigs"])
+    sources = Sources(str(REPO / "inventory"), "sandbox-mtp", ["sandbox_rigs", "rigs"])
+    specs = load_specs(str(REPO / "roles"))
+    assert rig_problems("sandbox-mtp", values, specs=specs, sources=sources, catalog=catalog) == []
+    values["llama_server_ctx_size"] = 4096
+    assert rig_problems("sandbox-mtp", values, specs=specs, sources=sources, catalog=catalog) == [
+        "--extra-vars (overriding inventory/host_vars/sandbox-mtp.yml): llama_server_ctx_size is 4096; expected at "
+        "most 1024, the context tiny-gemma4-target was trained for (its catalog shape.context_length)"
+    ]
