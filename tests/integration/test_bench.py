@@ -109,19 +109,21 @@ def test_drafter_off_means_no_drafts_and_on_means_drafts(benched):
             assert all(count > 0 for count in drafted), cell
         for sample in cell["samples"]:
             # ignore_eos makes every request decode n_predict tokens, except that a JSON schema's grammar may
-            # complete first (the random-weight pair closes its JSON early now and then)
+            # complete first
             expected = range(1, 17) if cell["kind"] == "structured" else range(16, 17)
             assert all(req["predicted_n"] in expected for req in sample["requests"]), sample
             assert sample["ttft_ms"] > 0 and sample["decode_tps_client"] > 0
 
 
-def test_self_draft_is_accepted_and_the_random_pair_is_not(benched):
+def test_drafts_are_accepted_on_both_rigs(benched):
+    """Gemma 3 270M drafts for itself; the tiny pair's drafter drafts the cycle its target emits
+    (tests/fixtures/tiny_gemma4.py). A JSON schema's grammar, not the model, picks the structured kind's tokens."""
     drafting = [cell for cell in benched["report"]["cells"] if cell["draft_n_max"] > 0]
     acceptance = statistics.median(cell["median"]["acceptance"] for cell in drafting)
-    if benched["host"] == "sandbox":  # the same model drafts for itself, greedy
-        assert acceptance >= 0.9
-    else:  # random weights: the drafter's guesses are noise
-        assert acceptance <= 0.2
+    assert acceptance >= 0.9, [(c["kind"], c["concurrency"], c["draft_n_max"], c["median"]) for c in drafting]
+    if benched["host"] == "sandbox-mtp":
+        free = [cell for cell in drafting if cell["kind"] != "structured"]
+        assert all(cell["median"]["acceptance"] >= 0.9 for cell in free), [(c["kind"], c["median"]) for c in free]
 
 
 def test_server_is_restored_as_configured(benched):
