@@ -55,29 +55,13 @@ fingerprints:
 """
 
 import os
-import tempfile
 
+from ansible.module_utils.atomic_file import write_bytes_atomic
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.openpgp_key import KeyFileError, normalise_fingerprint, primary_fingerprints
 from ansible.module_utils.urls import fetch_url
 
 MAX_KEY_BYTES = 1024 * 1024
-
-
-def _write_bytes_atomic(path: str, data: bytes, mode: int) -> None:
-    """Readers (apt) see the old key or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def main() -> None:
@@ -121,7 +105,7 @@ def main() -> None:
     changed = current != data
     if changed and not module.check_mode:
         os.makedirs(os.path.dirname(dest) or ".", mode=0o755, exist_ok=True)
-        _write_bytes_atomic(dest, data, int(module.params["mode"], 8))
+        write_bytes_atomic(dest, data, int(module.params["mode"], 8))
     module.exit_json(changed=changed, fingerprints=found, dest=dest)
 
 
