@@ -23,6 +23,9 @@ options:
   api_key:
     description: API key, when the server requires one.
     type: str
+  ca_file:
+    description: Certificate (PEM file on the rig) an C(https://) server is verified against (the rig's own).
+    type: path
   kinds:
     description: Prompt kinds to measure (code, prose, chat, structured).
     type: list
@@ -79,6 +82,7 @@ def main() -> None:
         argument_spec={
             "url": {"type": "str", "required": True},
             "api_key": {"type": "str", "no_log": True},
+            "ca_file": {"type": "path"},
             "kinds": {"type": "list", "elements": "str", "required": True},
             "concurrency": {"type": "list", "elements": "int", "default": [1]},
             "n_predict": {"type": "int", "default": 64},
@@ -91,7 +95,7 @@ def main() -> None:
     params = module.params
     if module.check_mode:
         module.exit_json(changed=False, cells=[], msg="check mode: nothing measured")
-    endpoint = Endpoint(params["url"], params["api_key"], timeout=float(params["timeout"]))
+    endpoint = Endpoint(params["url"], params["api_key"], timeout=float(params["timeout"]), ca_file=params["ca_file"])
     try:
         cells = measure_setting(
             endpoint,

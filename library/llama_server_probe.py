@@ -21,6 +21,10 @@ options:
   api_key:
     description: API key, when the server requires one.
     type: str
+  ca_file:
+    description: Certificate (PEM file on the host) an C(https://) server is verified against, for example the
+      rig's own self-signed one; the host name in I(url) must be among its names. Never skips verification.
+    type: path
   unit:
     description: systemd unit running the server (for liveness and its log lines).
     type: str
@@ -118,6 +122,7 @@ def main() -> None:
         argument_spec={
             "url": {"type": "str", "required": True},
             "api_key": {"type": "str", "no_log": True},
+            "ca_file": {"type": "path"},
             "unit": {"type": "str"},
             "timeout": {"type": "int", "default": 300},
             "canary": {"type": "bool", "default": True},
@@ -129,7 +134,12 @@ def main() -> None:
     )
     params = module.params
     unit = params["unit"]
-    endpoint = Endpoint(params["url"], params["api_key"], timeout=max(30.0, params["n_predict"] * 2.0))
+    try:
+        endpoint = Endpoint(
+            params["url"], params["api_key"], timeout=max(30.0, params["n_predict"] * 2.0), ca_file=params["ca_file"]
+        )
+    except ServerApiError as exc:
+        module.fail_json(msg=str(exc))
     first = unit_state(unit) if unit else {}
 
     def still_alive() -> str | None:

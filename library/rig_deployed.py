@@ -42,6 +42,9 @@ options:
   api_key:
     description: API key, when the server requires one.
     type: str
+  ca_file:
+    description: Certificate (PEM file on the rig) an C(https://) server is verified against (the rig's own).
+    type: path
   server:
     description: Also ask the running server (for the status table; the lock does not need it).
     type: bool
@@ -105,6 +108,7 @@ def main() -> None:
             "models": {"type": "list", "elements": "dict", "default": []},
             "url": {"type": "str"},
             "api_key": {"type": "str", "no_log": True},
+            "ca_file": {"type": "path"},
             "server": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
@@ -127,7 +131,7 @@ def main() -> None:
     if params["server"]:
         if not params["url"]:
             module.fail_json(msg="server=true needs url")
-        result["server"] = server(params["url"], params["api_key"])
+        result["server"] = server(params["url"], params["api_key"], ca_file=params["ca_file"])
     module.exit_json(**result)
 
 

@@ -7,6 +7,7 @@ reader of /health, /completion, /slots and /metrics parses them the same way.
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -19,11 +20,34 @@ class ServerApiError(Exception):
     """The server answered with an error, or not at all."""
 
 
+def tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """A client context that verifies the server against `ca_file` (the rig's own certificate, self-signed or a
+    CA-issued leaf: partial chains are trusted) or the system's CAs; hostnames are always checked."""
+    context = ssl.create_default_context(cafile=ca_file)
+    if ca_file:
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return context
+
+
 @dataclass(frozen=True)
 class Endpoint:
     base_url: str
     api_key: str | None = field(default=None, repr=False)
     timeout: float = 30.0
+    # The certificate (PEM file) an https:// server is verified against; None: the system's CAs.
+    ca_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.ca_file and not self.base_url.startswith("https://"):
+            raise ServerApiError(
+                f"{self.base_url}: a certificate to verify against ({self.ca_file}) was given for a plain http:// "
+                "URL; the server serves TLS, so use https://"
+            )
+
+    def open(self, request: urllib.request.Request) -> Any:
+        """urlopen with this endpoint's timeout and, for https://, its verified TLS context."""
+        context = tls_context(self.ca_file) if self.base_url.startswith("https://") else None
+        return urllib.request.urlopen(request, timeout=self.timeout, context=context)  # noqa: S310 - http(s) only
 
     def request(self, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
         headers = {"Accept": "application/json"}
@@ -35,7 +59,7 @@ class Endpoint:
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(self.base_url.rstrip("/") + path, data=data, headers=headers)  # noqa: S310
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - http(s) only
+            with self.open(request) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
@@ -172,7 +196,7 @@ def stream_completion(endpoint: Endpoint, body: dict[str, Any]) -> StreamedCompl
     parts: list[str] = []
     timings: dict[str, Any] = {}
     try:
-        with urllib.request.urlopen(request, timeout=endpoint.timeout) as response:  # noqa: S310 - http(s) only
+        with endpoint.open(request) as response:
             for raw in response:
                 line = raw.strip()
                 if not line.startswith(b"data:"):

@@ -134,9 +134,9 @@ def model(path: str, sha256: str, size: int) -> dict[str, Any]:
     return {"path": path, "sha256": sha256, "verified": record is not None}
 
 
-def server(url: str, api_key: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
+def server(url: str, api_key: str | None = None, timeout: float = 5.0, ca_file: str | None = None) -> dict[str, Any]:
     """The running server's own account: build, slots (context, drafting), lifetime draft and decode figures."""
-    endpoint = Endpoint(url, api_key, timeout=timeout)
+    endpoint = Endpoint(url, api_key, timeout=timeout, ca_file=ca_file)
     found: dict[str, Any] = {"answers": False}
     try:
         props = endpoint.get_json("/props")

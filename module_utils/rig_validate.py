@@ -518,8 +518,53 @@ def _check_rules(report: Report, values: Mapping[str, Any], catalog: Any) -> Non
             "a non-loopback bind needs llama_server_api_key (ansible-vault encrypt_string --name "
             "llama_server_api_key), or bind 127.0.0.1",
         )
+    _check_tls(report, values)
     _check_models(report, values, catalog)
     _check_trained_context(report, values, catalog)
+
+
+def _tls_off(value: Any) -> bool:
+    return value is False or (isinstance(value, str) and value.strip().lower() in ("false", "no", "off"))
+
+
+def _check_tls(report: Report, values: Mapping[str, Any]) -> None:
+    """A non-loopback server serves TLS, unless plaintext on the LAN is chosen explicitly; a given certificate
+    comes with its key."""
+    host, tls = values.get("llama_server_host"), values.get("llama_server_tls")
+    if (
+        isinstance(host, str)
+        and not _is_loopback(host)
+        and _tls_off(tls)
+        and values.get("llama_server_allow_plaintext_lan") is not True
+    ):
+        report.add(
+            "llama_server_tls",
+            tls,
+            f"llama_server_host is {host} (not loopback), so the API key and every prompt would cross the network "
+            "in clear: remove llama_server_tls (auto serves TLS with a certificate the rig makes) or set it to "
+            "auto/true; bind 127.0.0.1; or, only on a network you trust end to end, also set "
+            "llama_server_allow_plaintext_lan: true",
+        )
+    cert, key = values.get("llama_server_tls_cert"), values.get("llama_server_tls_key")
+    if bool(cert) != bool(key):
+        given, missing = (
+            ("llama_server_tls_cert", "llama_server_tls_key")
+            if cert
+            else ("llama_server_tls_key", "llama_server_tls_cert")
+        )
+        report.note(
+            given,
+            f"{given} is set but {missing} is not: give both (PEM contents, the key from Ansible Vault), "
+            "or neither for the certificate the rig makes for itself",
+        )
+    if isinstance(cert, str) and cert and "-----BEGIN CERTIFICATE-----" not in cert:
+        report.note(
+            "llama_server_tls_cert", "llama_server_tls_cert is not a PEM certificate (no BEGIN CERTIFICATE line)"
+        )
+    if isinstance(key, str) and key and "PRIVATE KEY-----" not in key:
+        report.note(
+            "llama_server_tls_key", "llama_server_tls_key is not a PEM private key (no BEGIN ... PRIVATE KEY line)"
+        )
 
 
 def _check_trained_context(report: Report, values: Mapping[str, Any], catalog: Any) -> None:

@@ -21,12 +21,14 @@ DEFAULTS = yaml.safe_load((REPO / "roles/llama_server/defaults/main.yml").read_t
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
 
 REQUEST = (
-    "import json, sys, urllib.request as u\n"
-    "url, body, key = sys.argv[1], sys.argv[2], sys.argv[3]\n"
+    "import json, ssl, sys, urllib.request as u\n"
+    "url, body, key, ca = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]\n"
+    "ctx = ssl.create_default_context(cafile=ca) if ca else None\n"
+    "if ctx: ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN\n"
     "headers = {'Content-Type': 'application/json'}\n"
     "if key: headers['Authorization'] = 'Bearer ' + key\n"
     "req = u.Request(url, data=body.encode() if body else None, headers=headers)\n"
-    "print(u.urlopen(req, timeout=300).read().decode())\n"
+    "print(u.urlopen(req, timeout=300, context=ctx).read().decode())\n"
 )
 
 
@@ -45,12 +47,19 @@ class Rig:
         self.container = f"rigkit-llama-{instance}"
         bind = self.settings["llama_server_host"]
         self.address = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
-        self.url = f"http://{self.address}:{self.settings['llama_server_port']}"
+        loopback = bind in ("127.0.0.1", "::1", "localhost")
+        tls = str(self.settings.get("llama_server_tls", "auto")).lower()
+        self.tls = tls in ("true", "yes", "on") or (tls == "auto" and not loopback)
+        # With TLS the client on the rig verifies the server against the rig's own certificate.
+        self.ca_file = f"/etc/rigkit/tls/{instance}/server.crt" if self.tls else ""
+        scheme = "https" if self.tls else "http"
+        self.url = f"{scheme}://{self.address}:{self.settings['llama_server_port']}"
 
     def call(self, path: str, body: dict | None = None, raw: bool = False) -> Any:
         key = self.settings.get("llama_server_api_key") or ""
         command = f"python3 -c {shlex.quote(REQUEST)} {shlex.quote(self.url + path)} "
-        command += f"{shlex.quote(json.dumps(body) if body is not None else '')} {shlex.quote(key)}"
+        command += f"{shlex.quote(json.dumps(body) if body is not None else '')} {shlex.quote(key)} "
+        command += shlex.quote(self.ca_file)
         out = self.host.check_output(command)
         return out if raw else json.loads(out)
 

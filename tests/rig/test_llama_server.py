@@ -116,3 +116,17 @@ def test_models_are_read_only_for_the_server(rig):
     model = rig.host.file(path)
     assert model.user == "root" and model.mode & 0o022 == 0
     assert rig.host.file(path.rsplit("/", 1)[0]).mode & 0o022 == 0
+
+
+def test_serves_tls_off_the_loopback_with_a_private_key(rig):
+    """Off loopback the server speaks TLS (rig.call verifies it against the rig's certificate); the key is for the
+    container's group only, and the unit passes file paths, never contents."""
+    if not rig.tls:
+        assert "--ssl-cert-file" not in rig.server_args()
+        return
+    assert rig.url.startswith("https://")
+    key_path = rig.arg("--ssl-key-file")
+    assert rig.arg("--ssl-cert-file") == rig.ca_file
+    key = rig.host.file(key_path)
+    assert (key.mode, key.user, key.gid) == (0o640, "root", 10001)
+    assert "PRIVATE KEY" not in rig.host.file(f"/etc/systemd/system/{rig.unit}").content_string
