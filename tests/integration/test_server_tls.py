@@ -10,6 +10,7 @@ changes nothing (the certificate is kept).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -60,6 +61,11 @@ def tls_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     wait_for_image_build()
     remove_rig()
     cache = tmp_path_factory.mktemp("tls-cache")
+    # The assembled Gemma 3 270M the stand-in hub lays out lives in the machine's cache: reuse it, do not fetch
+    # its ~250 MB from PyPI again for this cache.
+    shared = Path(os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit") / "fixtures"
+    if shared.is_dir():
+        (cache / "fixtures").symlink_to(shared)
     started = time.monotonic()
     first = make("provision", cache=cache, log="provision-tls-first")
     assert first.returncode == 0, first.tail(120)
@@ -81,10 +87,10 @@ def test_https_verified_against_the_rigs_certificate_answers_health_and_a_drafte
     assert endpoint(tls_rig).get_json("/health") == {"status": "ok"}
     assert endpoint(tls_rig, host="localhost").get_json("/health") == {"status": "ok"}
     answer = complete(endpoint(tls_rig), "def fibonacci(n):", 32, top_k=1)
-    assert answer.predicted_n > 0 and answer.draft_n > 0, answer.timings
+    assert answer.content and answer.draft_n > 0, answer.timings
     assert answer.acceptance is not None and answer.acceptance >= SETTINGS["rig_expected_min_acceptance"]
     # the rollout's own probe went over https too
-    assert f"answers at https://127.0.0.1:{PORT}" in tls_rig["first"].output
+    assert f"answers at https://127.0.0.1:{PORT}" in " ".join(tls_rig["first"].output.split())
 
 
 def test_plain_http_gets_no_answer(tls_rig):
