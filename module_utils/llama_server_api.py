@@ -6,6 +6,7 @@ reader of /health, /completion, /slots and /metrics parses them the same way.
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
 import time
@@ -63,7 +64,8 @@ class Endpoint:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            # HTTPException: not HTTP at all, e.g. a TLS server's alert read by a plain http:// client
             raise ServerApiError(f"{self.base_url}{path}: {getattr(exc, 'reason', exc)}") from exc
 
     def get_json(self, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -213,7 +215,7 @@ def stream_completion(endpoint: Endpoint, body: dict[str, Any]) -> StreamedCompl
                     break
     except urllib.error.HTTPError as exc:
         raise ServerApiError(f"{url}: HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}") from exc
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise ServerApiError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
     return StreamedCompletion(sent_at, first, last, events, "".join(parts), timings)
 

@@ -128,6 +128,14 @@ def test_a_name_the_certificate_does_not_carry_is_refused(tmp_path: Path) -> Non
     assert status == 0 and "CERTIFICATE_VERIFY_FAILED" in reason and "127.0.0.1" in reason, reason
 
 
+def test_a_plain_http_client_gets_no_answer_from_a_tls_server(tls_server: tuple[int, Path]) -> None:
+    port, _ = tls_server
+    status, reason = health(Endpoint(f"http://127.0.0.1:{port}", timeout=5))
+    assert status == 0, reason
+    with pytest.raises(ServerApiError):
+        Endpoint(f"http://127.0.0.1:{port}", KEY, timeout=5).get_json("/props")
+
+
 def test_plain_http_with_a_certificate_is_refused_early() -> None:
     with pytest.raises(ServerApiError, match="use https://"):
         Endpoint("http://127.0.0.1:1", ca_file="/etc/rigkit/tls/main/server.crt")
