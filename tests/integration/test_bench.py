@@ -12,7 +12,7 @@ import subprocess
 import jsonschema
 import pytest
 
-from tests.support import REPO, recap, run
+from tests.support import LLAMACPP_BUILD_INFO, LLAMACPP_COMMIT, REPO, recap, run
 
 SCHEMA = json.loads((REPO / "roles/llama_bench/files/bench-report.schema.json").read_text())
 RIGS = {
@@ -83,8 +83,8 @@ def test_report_matches_the_schema_and_has_its_plot(benched):
 def test_report_describes_the_rig_it_measured(benched):
     report = benched["report"]
     rig = report["rig"]
-    assert rig["image"]["build_info"] == "b11312-0c1e570"
-    assert rig["image"]["llamacpp_commit"] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+    assert rig["image"]["build_info"] == LLAMACPP_BUILD_INFO
+    assert rig["image"]["llamacpp_commit"] == LLAMACPP_COMMIT
     assert rig["image"]["id"].startswith("sha256:")
     catalog_text = (REPO / "inventory/group_vars/all/model_catalog.yml").read_text()
     assert rig["models"]["target"]["sha256"] in catalog_text
