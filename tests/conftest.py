@@ -1,21 +1,14 @@
-"""Shared pytest setup: make the kit's module_utils importable the way Ansible modules import them."""
+"""Shared pytest setup: the kit's imports (wired once, by the rigkit package) and the GGUF fixtures."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+import rigkit  # noqa: F401  (makes module_utils/ importable as ansible.module_utils, as modules import it)
 
-# `from ansible.module_utils.<name> import ...` finds the kit's module_utils/ (ansible.cfg: module_utils=).
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
-# `from tests.fixtures.<name> import ...` works from any test directory.
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[1]
 
 
 # --- GGUF fixtures (tests/fixtures/) ---------------------------------------------------------------

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.module_utils.model_mirror import ModelMirror
 
+from rigkit.model_mirror import ModelMirror
 from tests.fixtures.sandbox_hub import build_hub
 
 REPO = Path(__file__).resolve().parents[2]
