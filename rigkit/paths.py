@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from rigkit import REPO
 
@@ -13,6 +14,11 @@ BENCH_REPORTS = REPO / "reports" / "bench"
 BENCH_SCHEMA = REPO / "roles" / "llama_bench" / "files" / "bench-report.schema.json"
 # The entry point detached processes (the mirror) are started through: their command line names it.
 RIGKIT_BIN = REPO / "bin" / "rigkit"
+
+
+def cache_dir() -> Path:
+    """The controller's cache: $RIGKIT_CACHE_DIR, else /var/cache/rigkit (as inventory/group_vars/all resolves it)."""
+    return Path(os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit")
 
 
 def inventory_sources() -> list[str]:

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def gemma3_270m_gguf() -> Path:
     """The real Gemma 3 270M Q4_K_M GGUF (~250 MB), assembled once into ${RIGKIT_CACHE_DIR}/fixtures/."""
-    from tests.fixtures.gemma3_270m import gemma3_270m_gguf as build
+    from rigkit.sandbox.gemma3_270m import gemma3_270m_gguf as build
 
     try:
         return build()
@@ -28,7 +28,7 @@ def gemma3_270m_gguf() -> Path:
 @pytest.fixture(scope="session")
 def tiny_gemma4_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(target, drafter): the deterministic tiny gemma4 + gemma4-assistant pair."""
-    from tests.fixtures.tiny_gemma4 import write_pair
+    from rigkit.sandbox.tiny_gemma4 import write_pair
 
     out = tmp_path_factory.mktemp("tiny-gemma4")
     return write_pair(out / "tiny-gemma4.gguf", out / "tiny-gemma4-assistant.gguf")

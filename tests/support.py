@@ -10,12 +10,14 @@ from pathlib import Path
 
 import yaml
 
+from rigkit.paths import cache_dir
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
 ARTIFACTS = REPO / ".artifacts"
 
-# The controller's cache, as the kit resolves it (inventory/group_vars/all: RIGKIT_CACHE_DIR or /var/cache/rigkit).
-CACHE_DIR = Path(os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit")
+# The controller's cache, as the kit resolves it.
+CACHE_DIR = cache_dir()
 
 
 def role_defaults(role: str) -> dict:

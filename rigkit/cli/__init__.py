@@ -18,6 +18,8 @@ rigkit status [--limit RIGS] [--json]
                          read back every rig and print one table (exit 3: a rig unreachable)
 rigkit drift --limit RIGS
                          the provision in check + diff mode; exit 2 when a rig differs from the repo
+rigkit sandbox-hub --root DIR [--only NAME,...]
+                         lay out the sandbox rigs' models (the embedded default's stand-in Hugging Face)
 rigkit discover NAME ADDRESS [--user USER] [--force] [--vram MIB] [--max-ctx N]
                          read a machine (SSH, or docker:CONTAINER for a sandbox rig), write its host profile
 """
@@ -28,12 +30,13 @@ import argparse
 
 from rigkit import mirror_daemon
 from rigkit.cli import bench, discover, fleet, inventory, pin
+from rigkit.sandbox import hub
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rigkit", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (inventory, pin, mirror_daemon, bench, fleet, discover):
+    for module in (inventory, pin, mirror_daemon, hub, bench, fleet, discover):
         module.register(commands)
     args = parser.parse_args(argv)
     return args.func(args)

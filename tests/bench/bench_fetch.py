@@ -49,7 +49,7 @@ from ansible.module_utils.model_fetch import (  # noqa: E402
     sha256_file,
 )
 
-from tests.fixtures import gemma3_270m  # noqa: E402
+from rigkit.sandbox import gemma3_270m  # noqa: E402
 from tests.fixtures.hf_standin import Fault, HfStandin  # noqa: E402
 
 MB = 1e6

@@ -117,7 +117,7 @@ def test_drafter_off_means_no_drafts_and_on_means_drafts(benched):
 
 def test_drafts_are_accepted_on_both_rigs(benched):
     """Gemma 3 270M drafts for itself; the tiny pair's drafter drafts the cycle its target emits
-    (tests/fixtures/tiny_gemma4.py). A JSON schema's grammar, not the model, picks the structured kind's tokens."""
+    (rigkit/sandbox/tiny_gemma4.py). A JSON schema's grammar, not the model, picks the structured kind's tokens."""
     drafting = [cell for cell in benched["report"]["cells"] if cell["draft_n_max"] > 0]
     acceptance = statistics.median(cell["median"]["acceptance"] for cell in drafting)
     assert acceptance >= 0.9, [(c["kind"], c["concurrency"], c["draft_n_max"], c["median"]) for c in drafting]

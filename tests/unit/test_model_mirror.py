@@ -19,7 +19,7 @@ import pytest
 from ansible.module_utils.model_fetch import FetchOptions, fetch_model
 
 from rigkit.model_mirror import MirrorError, ModelMirror, resolve_request_path
-from tests.fixtures.tiny_gemma4 import write_arch_gguf
+from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 RIGKIT = [sys.executable, str(REPO / "bin" / "rigkit")]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fixtures.tiny_gemma4 import write_pair
+from rigkit.sandbox.tiny_gemma4 import write_pair
 from tests.support import REPO, run
 
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
