@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import pathlib
 from typing import Any
 
-import ansible.module_utils
 from ansible.errors import AnsibleFilterError
 
-_MODULE_UTILS = str(pathlib.Path(__file__).resolve().parent.parent / "module_utils")
-if _MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_MODULE_UTILS)
+import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
-from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset  # noqa: E402
+# isort: split
+from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset
 
 
 def _nft_allowlist(networks: Any, instance: str, port: Any) -> str:
