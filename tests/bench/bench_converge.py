@@ -199,6 +199,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
         left.set_ylabel("wall time (s)")
         left.set_title(f"one sandbox rig: no-op = {single['noop_over_first']:.0%} of first")
         left.set_ylim(0, max(walls) * 1.3)
+    connection = {k: v for k, v in (report.get("connection") or {}).items() if isinstance(v, dict)}
+    if connection and not single:
+        left.bar([name.rsplit(".", 1)[1] for name in connection], [v["median_s"] for v in connection.values()])
+        left.set_ylabel("wall time of 20 round trips (s, median)")
+        left.set_title("connection plugin into a sandbox rig")
     fleet = report.get("fleet") or []
     if fleet:
         ns = [row["n"] for row in fleet]
