@@ -15,7 +15,7 @@ import queue
 import threading
 from typing import Any, BinaryIO
 
-from ansible.module_utils.fetch_errors import FetchError
+from ansible.module_utils.fetch_errors import DownloadError
 
 HASH_CHUNK_SIZE = 1024 * 1024
 _POLL_S = 0.5  # how often a waiting caller checks that the worker is still alive
@@ -42,10 +42,9 @@ def sha256_file(path: str, chunk_size: int = HASH_CHUNK_SIZE) -> str:
     return hasher.hexdigest()
 
 
-class HasherError(FetchError):
-    """The hashing thread failed or is gone: the download cannot be verified, so it is not installed."""
-
-    kind = "download"
+class HasherError(DownloadError):
+    """The hashing thread failed or is gone: the download cannot be verified, so it is not installed; what is
+    in the part stays (a download error keeps it) and the next run re-hashes it from disk and resumes."""
 
 
 class ThreadedHasher:
