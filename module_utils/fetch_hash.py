@@ -54,7 +54,9 @@ class ThreadedHasher:
     ``h.close()`` (or use it as a context manager). ``reset()`` starts over (the part restarted from byte 0).
     """
 
-    def __init__(self, chunk_size: int, depth: int = 4, factory: Any = hashlib.sha256) -> None:
+    def __init__(
+        self, chunk_size: int, depth: int = 4, factory: Any = hashlib.sha256, *, threaded: bool = True
+    ) -> None:
         self._factory = factory
         self._sha = factory()
         self._free: queue.Queue[memoryview] = queue.Queue()
@@ -64,8 +66,10 @@ class ThreadedHasher:
         self._pending = 0
         self._cond = threading.Condition()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="rigkit-sha256", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._run, name="rigkit-sha256", daemon=True)
+            self._thread.start()
 
     def __enter__(self) -> ThreadedHasher:
         return self
@@ -98,7 +102,7 @@ class ThreadedHasher:
                 f"the sha256 thread failed ({self._error.__class__.__name__}: {self._error}); the download "
                 "cannot be verified and was not installed: re-run (the partial file is re-hashed and resumed)"
             ) from self._error
-        if not self._thread.is_alive():
+        if self._thread is not None and not self._thread.is_alive():
             raise HasherError(
                 "the sha256 thread is gone; the download cannot be verified and was not installed: re-run"
             )
@@ -116,6 +120,10 @@ class ThreadedHasher:
     def submit(self, view: memoryview, n: int) -> None:
         """Queue the first ``n`` bytes of a buffer from ``take()``; the buffer is the hasher's until given back."""
         self._check()
+        if self._thread is None:  # inline: hashed now, by the caller
+            self._sha.update(view[:n])
+            self._free.put(view)
+            return
         with self._cond:
             self._pending += 1
         self._work.put((view, n))
@@ -154,6 +162,6 @@ class ThreadedHasher:
         return str(self._sha.hexdigest())
 
     def close(self) -> None:
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._work.put(None)
             self._thread.join()

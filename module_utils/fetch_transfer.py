@@ -3,8 +3,8 @@
 Standard library only. ``Transfer.run()`` brings the part from ``writer.offset`` to the pinned size: each attempt
 asks for the rest (``Range: bytes=<offset>-``), a 200 answer or an unusable 206 restarts the part from byte 0, and
 transient failures are retried with exponential backoff (``retries`` in a row without 1 MiB of progress, then
-DownloadError). The body is received into the hasher's reused buffers, written at the part's offset and handed to
-the hash thread, so receiving, writing and hashing overlap.
+DownloadError). The body is received into the hasher's reused buffers (no new buffer per read), written at the
+part's offset and hashed.
 """
 
 from __future__ import annotations
@@ -162,40 +162,28 @@ class Transfer:
         self.result.restarted = True
 
     def _read_body(self, resp: http.client.HTTPResponse) -> None:
-        """Fill a buffer (several receives), write it, hand it to the hasher; what arrived before an error is
-        kept (written and hashed) so the next attempt resumes after it."""
+        """Each receive (at most one system call) lands in a reused buffer, is written at the part's offset and
+        hashed while still in the CPU's cache (or handed to the hash thread); what arrived before an error is
+        kept so the next attempt resumes after it."""
         while True:
             view = self.hasher.take()
-            filled = 0
-            failure: BaseException | None = None
             try:
-                while filled < len(view):
-                    n = _readinto1(resp, view[filled:])
-                    if not n:
-                        break
-                    filled += n
-                    self._check_pace_between_reads(filled)
-            except BaseException as exc:  # what arrived is kept first, then it is raised
-                failure = exc
-            if filled:
-                if self.offset + filled > self.entry.size:
-                    self.hasher.give_back(view)
-                    raise size_mismatch(self.entry, self.offset + filled, "the body received so far")
-                self.writer.write(view[:filled])
-                self.hasher.submit(view, filled)
-                self.result.bytes_downloaded += filled
-                if self.opts.progress is not None:
-                    self.opts.progress(self.offset, self.entry.size)
-            else:
+                n = _readinto1(resp, view)
+            except BaseException as exc:  # given back first, then raised (classified)
                 self.hasher.give_back(view)
-            if failure is not None:
-                raise self._classify(failure)
-            if filled < len(view):
-                return  # end of the body
+                raise self._classify(exc) from None
+            if not n:
+                self.hasher.give_back(view)
+                return
+            if self.offset + n > self.entry.size:
+                self.hasher.give_back(view)
+                raise size_mismatch(self.entry, self.offset + n, "the body received so far")
+            self.writer.write(view[:n])
+            self.hasher.submit(view, n)
+            self.result.bytes_downloaded += n
+            if self.opts.progress is not None:
+                self.opts.progress(self.offset, self.entry.size)
             self._check_pace()
-
-    def _check_pace_between_reads(self, filled: int) -> None:
-        self.pace.check(self.offset + filled, self.result.bytes_downloaded + filled, self.result.attempts)
 
     def _classify(self, exc: BaseException) -> BaseException:
         if isinstance(exc, TimeoutError):

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import ansible.module_utils.model_fetch as model_fetch
 import pytest
 from ansible.module_utils.fetch_hash import HasherError, ThreadedHasher, sha256_file
 from ansible.module_utils.fetch_part import PartWriter
@@ -149,7 +150,16 @@ def large(tmp_path_factory: pytest.TempPathFactory) -> Served:
     return base.describe(path, "large-gemma4.gguf", "gemma4")
 
 
-def test_threaded_download_installs_the_exact_bytes(hub: HfStandin, large: Served, models: Path) -> None:
+@pytest.fixture(params=[True, False], ids=["hash-thread", "hash-inline"])
+def hash_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways model_fetch hashes a download: in the second thread (rigs with cores to spare) and inline."""
+    monkeypatch.setattr(model_fetch, "HASH_IN_THREAD", request.param)
+    return bool(request.param)
+
+
+def test_threaded_download_installs_the_exact_bytes(
+    hub: HfStandin, large: Served, models: Path, hash_mode: bool
+) -> None:
     large.publish(hub)
     dest = models / large.filename
     result = fetch_model(large.entry(), dest, options(hub, chunk_size=MiB))
@@ -167,7 +177,9 @@ def test_a_hash_mismatch_still_refuses_and_keeps_the_previous_file(hub: HfStandi
     assert_untouched(dest, previous)
 
 
-def test_resume_after_a_reset_rehashes_the_part_in_the_thread(hub: HfStandin, large: Served, models: Path) -> None:
+def test_resume_after_a_reset_rehashes_the_part_in_the_thread(
+    hub: HfStandin, large: Served, models: Path, hash_mode: bool
+) -> None:
     """The run dies at 5 MiB + 3 (reset, then the server is down); the next run re-hashes the kept part through
     the pool and asks only for the rest."""
     large.publish(hub)
