@@ -167,7 +167,9 @@ def test_threaded_download_installs_the_exact_bytes(
     assert_installed(dest, large, result)
 
 
-def test_a_hash_mismatch_still_refuses_and_keeps_the_previous_file(hub: HfStandin, large: Served, models: Path) -> None:
+def test_a_hash_mismatch_still_refuses_and_keeps_the_previous_file(
+    hub: HfStandin, large: Served, models: Path, hash_mode: bool
+) -> None:
     large.publish(hub)
     dest = models / large.filename
     previous = seed_previous(dest)
