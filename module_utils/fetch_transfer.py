@@ -39,9 +39,15 @@ def size_mismatch(entry: CatalogEntry, actual: int, source: str) -> Verification
     )
 
 
-def _readinto1(resp: http.client.HTTPResponse, view: memoryview) -> int:
-    """Like ``resp.read1(len(view))`` (at most one system call) but into ``view``: no new buffer per read."""
-    if resp.chunked or resp.fp is None or resp.length is None:
+def _readinto1(resp: http.client.HTTPResponse, view: memoryview, *, first: bool) -> int:
+    """Like ``resp.read1(len(view))`` (at most one system call) but into ``view``: no new buffer per read.
+
+    The first read of a body goes through ``read1``: bytes that came with the headers sit in the response's
+    buffer, and CPython's ``readinto1`` copies them out and then still makes a raw read, which loses them when
+    that read times out (a server that stalls right after its first bytes). Later reads find that buffer empty
+    and ``readinto1`` goes straight to the socket: a timeout there loses nothing.
+    """
+    if first or resp.chunked or resp.fp is None or resp.length is None:
         data = resp.read1(len(view))
         view[: len(data)] = data
         return len(data)
@@ -165,10 +171,12 @@ class Transfer:
         """Each receive (at most one system call) lands in a reused buffer, is written at the part's offset and
         hashed while still in the CPU's cache (or handed to the hash thread); what arrived before an error is
         kept so the next attempt resumes after it."""
+        first = True
         while True:
             view = self.hasher.take()
             try:
-                n = _readinto1(resp, view)
+                n = _readinto1(resp, view, first=first)
+                first = False
             except BaseException as exc:  # given back first, then raised (classified)
                 self.hasher.give_back(view)
                 raise self._classify(exc) from None
