@@ -8,8 +8,9 @@ Standard library only (it runs on rigs). The flow for ``fetch_model(entry, dest,
 2. An existing ``dest`` is accepted without reading it when its stat (size, mtime_ns, inode, device) matches
    the verification record written at install time and the record's sha256 is the entry's (``verify="fast"``);
    ``verify="full"`` (or a missing/stale record) re-hashes it. A bad file is replaced, never edited in place.
-3. Otherwise the body streams into ``dest + ".part"``, hashed in a second thread while written. An existing
-   part from the same pin is re-hashed and resumed with a Range request; a 200 answer restarts it cleanly.
+3. Otherwise the body streams into ``dest + ".part"``, hashed while written (in a second thread where the
+   machine has cores to spare: HASH_IN_THREAD). An existing part from the same pin is re-hashed and resumed
+   with a Range request; a 200 answer restarts it cleanly.
    Connection errors, timeouts, 429 and 5xx are retried with exponential backoff; 401/403/404 fail at once,
    naming repo, revision and file. Free disk space is checked first.
 4. After the body: size, sha256, then the GGUF header (magic, version, general.architecture) are checked; only
