@@ -46,12 +46,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-import ansible.module_utils  # noqa: E402
+import rigkit  # first: it makes module_utils/ importable as ansible.module_utils (run with .venv/bin/python)
 
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+REPO = rigkit.REPO
 
 from ansible.module_utils.model_fetch import (  # noqa: E402
     DownloadError,
