@@ -11,7 +11,7 @@ import rigkit  # noqa: F401  (makes module_utils/ importable as ansible.module_u
 REPO = Path(__file__).resolve().parents[1]
 
 
-# --- GGUF fixtures (tests/fixtures/) ---------------------------------------------------------------
+# --- GGUF fixtures (rigkit/sandbox/: the sandbox rigs serve the same files) ---------------------------------
 @pytest.fixture(scope="session")
 def gemma3_270m_gguf() -> Path:
     """The real Gemma 3 270M Q4_K_M GGUF (~250 MB), assembled once into ${RIGKIT_CACHE_DIR}/fixtures/."""

@@ -144,7 +144,7 @@ def test_part_writer_writes_at_the_offset_and_restarts_empty(tmp_path: Path) -> 
 @pytest.fixture(scope="module")
 def large(tmp_path_factory: pytest.TempPathFactory) -> Served:
     """A 12 MiB GGUF: 12 buffers of 1 MiB through a pool of 4, so every buffer is reused while hashing."""
-    from tests.fixtures.tiny_gemma4 import write_arch_gguf
+    from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 
     path = write_arch_gguf(tmp_path_factory.mktemp("large") / "l.gguf", "gemma4", padding_bytes=12 * MiB, seed=5)
     return base.describe(path, "large-gemma4.gguf", "gemma4")
