@@ -20,13 +20,18 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed ## create the pinned virtualenv (idempotent)
+setup: $(VENV)/.installed $(VENV)/.rigkit-path ## create the pinned virtualenv (idempotent)
 
 $(VENV)/.installed: requirements.txt
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if v == (3, 11) else "rigkit needs Python 3.11 (found %d.%d): set PYTHON=python3.11" % v)'
 	$(PYTHON) -m venv $(VENV)
 	@echo "installing the pinned toolchain (requirements.txt) into $(VENV): a minute or two on a fresh machine"
 	$(BIN)/pip install --disable-pip-version-check --progress-bar off -r requirements.txt
+	touch $@
+
+# The controller package (rigkit/) is importable from the virtualenv: bin/rigkit, the filter plugins, the tests.
+$(VENV)/.rigkit-path: $(VENV)/.installed
+	echo '$(CURDIR)' > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/rigkit-repo.pth"
 	touch $@
 
 hosts: setup ## list the rigs of the inventory
@@ -86,7 +91,7 @@ lint: setup ## ansible-lint (production), yamllint, ruff, playbook syntax check
 	$(BIN)/ansible-playbook --syntax-check playbooks/*.yml
 	@# every module's and plugin's documentation must render (ansible-doc exits non-zero on a broken one)
 	$(BIN)/ansible-doc -M library $(basename $(notdir $(wildcard library/*.py))) > /dev/null
-	$(BIN)/ansible-doc -t callback rigkit > /dev/null
+	$(BIN)/ansible-doc -t callback rigkit rigkit_results > /dev/null
 
 gpu-bundle: setup ## .device/ for tests/gpu/run.sh on a GPU machine: verified llama.cpp source, wheels, models
 	$(BIN)/python tests/gpu/make_bundle.py bundle

@@ -1,18 +1,15 @@
-"""Jinja filters over the model catalog (logic in module_utils/model_catalog.py)."""
+"""Jinja filters over the model catalog (logic in module_utils/model_catalog.py, shared with the rigs' modules)."""
 
 from __future__ import annotations
 
-import pathlib
 from typing import Any
 
-import ansible.module_utils
 from ansible.errors import AnsibleFilterError
 
-_MODULE_UTILS = str(pathlib.Path(__file__).resolve().parent.parent / "module_utils")
-if _MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_MODULE_UTILS)
+import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
-from ansible.module_utils.model_catalog import (  # noqa: E402
+# isort: split
+from ansible.module_utils.model_catalog import (
     CatalogError,
     catalog_entry,
     catalog_problems,

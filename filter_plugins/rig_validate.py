@@ -1,4 +1,4 @@
-"""Jinja filters that validate a rig's description on the controller (logic in module_utils/rig_validate.py).
+"""Jinja filters that validate a rig's description on the controller (logic in rigkit/rig_validate.py).
 
 They run while the validation play templates its assert: nothing connects to a rig.
 ``hostvars[inventory_hostname] | rig_problems(inventory_hostname, group_names, ansible_inventory_sources)`` lists every
@@ -11,14 +11,9 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-import ansible.module_utils
 import jinja2
 
-_MODULE_UTILS = str(pathlib.Path(__file__).resolve().parent.parent / "module_utils")
-if _MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_MODULE_UTILS)
-
-from ansible.module_utils.rig_validate import (  # noqa: E402
+from rigkit.rig_validate import (
     Sources,
     Unresolved,
     controller_preflight,
@@ -26,7 +21,7 @@ from ansible.module_utils.rig_validate import (  # noqa: E402
     plain_defaults,
     resolve_values,
 )
-from ansible.module_utils.rig_validate import rig_problems as _rig_problems  # noqa: E402
+from rigkit.rig_validate import rig_problems as _rig_problems
 
 ROLES_DIR = str(pathlib.Path(__file__).resolve().parent.parent / "roles")
 

@@ -22,6 +22,11 @@ options:
     type: list
     elements: str
     required: true
+  fingerprints_variable:
+    description:
+      - The inventory variable O(fingerprints) comes from, named in the refusal so the operator knows what to
+        check and where to pin a rotated key.
+    type: str
   dest:
     description: Key file to write (its directory is created, mode 0755, when missing).
     type: path
@@ -43,6 +48,7 @@ EXAMPLES = r"""
   apt_signing_key:
     url: https://download.docker.com/linux/debian/gpg
     fingerprints: [9DC858229FC7DD38854AE2D88D81803C0EBFCD88]
+    fingerprints_variable: docker_apt_signing_key_fingerprints
     dest: /etc/apt/keyrings/docker.asc
 """
 
@@ -69,6 +75,7 @@ def main() -> None:
         argument_spec={
             "url": {"type": "str", "required": True},
             "fingerprints": {"type": "list", "elements": "str", "required": True},
+            "fingerprints_variable": {"type": "str"},
             "dest": {"type": "path", "required": True},
             "mode": {"type": "str", "default": "0644"},
             "timeout": {"type": "int", "default": 30},
@@ -77,8 +84,13 @@ def main() -> None:
     )
     url, dest = module.params["url"], module.params["dest"]
     pinned = {normalise_fingerprint(fp) for fp in module.params["fingerprints"]}
+    variable = module.params["fingerprints_variable"]
+    source = f"{variable} ({', '.join(sorted(pinned))})" if variable else f"({', '.join(sorted(pinned))})"
     if not pinned or any(len(fp) not in (40, 64) or not all(c in "0123456789ABCDEF" for c in fp) for fp in pinned):
-        module.fail_json(msg="fingerprints must be full 40- or 64-digit hex fingerprints, not key ids")
+        module.fail_json(
+            msg=f"fingerprints {source} must be full 40- or 64-digit hex fingerprints, not key ids"
+            + (f": set {variable} to the vendor's full fingerprint" if variable else "")
+        )
     resp, info = fetch_url(module, url, timeout=module.params["timeout"])
     if resp is None or info.get("status") != 200:
         module.fail_json(msg=f"cannot download the signing key {url}: HTTP {info.get('status')} {info.get('msg')}")
@@ -92,8 +104,8 @@ def main() -> None:
         module.fail_json(
             msg=(
                 f"refusing the signing key from {url}: its fingerprint {', '.join(strangers)} is not a pinned one "
-                f"({', '.join(sorted(pinned))}). If the vendor really rotated its key, check the new fingerprint "
-                "against its documentation and pin it in the role's defaults."
+                f"{source}. If the vendor really rotated its key, check the new fingerprint against its "
+                f"documentation and pin it in {variable or 'the role defaults'}."
             ),
             fingerprints=found,
         )

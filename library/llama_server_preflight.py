@@ -97,6 +97,21 @@ options:
       - MiB kept free for the CUDA context and the compute buffers the estimate does not model; 512 when omitted or
         null, a conservative guess (llama-server's own memory fit ignores the drafter).
     type: int
+  container_memory_mib:
+    description:
+      - The container's memory limit in MiB, or C(auto) (the default) to derive it from the estimate (the host
+        memory the configuration can hold, nothing offloaded, plus O(container_memory_margin_mib), rounded up to
+        256 MiB, at least O(container_memory_floor_mib)). A number below the host-memory estimate is a problem.
+    type: raw
+    default: auto
+  container_memory_margin_mib:
+    description: MiB added to the host-memory estimate for the derived limit.
+    type: int
+    default: 1024
+  container_memory_floor_mib:
+    description: The derived limit is never below this many MiB.
+    type: int
+    default: 1024
 notes:
   - Supports check mode; it never changes anything either way.
 """
@@ -142,7 +157,15 @@ problems:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.server_preflight import CACHE_TYPES, PreflightError, preflight
+from ansible.module_utils.server_preflight import (
+    CACHE_TYPES,
+    MIB,
+    PreflightError,
+    check_container_memory,
+    container_memory_limit_mib,
+    host_memory_estimate,
+    preflight,
+)
 
 CACHE_CHOICES = list(CACHE_TYPES)
 
@@ -168,6 +191,9 @@ def main() -> None:
             "memory_budget_mib": {"type": "int", "required": True},
             "memory_kind": {"type": "str"},
             "headroom_mib": {"type": "int"},
+            "container_memory_mib": {"type": "raw", "default": "auto"},
+            "container_memory_margin_mib": {"type": "int", "default": 1024},
+            "container_memory_floor_mib": {"type": "int", "default": 1024},
         },
         supports_check_mode=True,
     )
@@ -202,14 +228,32 @@ def main() -> None:
         "warnings_found": result.warnings,
         "estimate": result.estimate.as_dict() if result.estimate else None,
     }
+    wanted = str(p["container_memory_mib"]).strip().lower()
+    if wanted != "auto" and not wanted.isdigit():
+        module.fail_json(
+            msg=f"llama_server_container_memory_mib is {p['container_memory_mib']!r}; expected auto or a number of MiB",
+            changed=False,
+        )
+    problems = list(result.problems)
+    if result.estimate is not None:
+        try:
+            derived = container_memory_limit_mib(
+                result.estimate,
+                margin_mib=p["container_memory_margin_mib"],
+                floor_mib=p["container_memory_floor_mib"],
+            )
+        except PreflightError as exc:
+            module.fail_json(msg=f"llama_server_preflight: {exc}", changed=False)
+        limit = derived if wanted == "auto" else int(wanted)
+        problems += check_container_memory(result.estimate, limit)
+        out["container_memory_mib"] = limit
+        out["host_memory_mib"] = round(host_memory_estimate(result.estimate).total / MIB, 1)
     for warning in result.warnings:
         module.warn(warning)
-    if result.problems:
-        count = len(result.problems)
+    if problems:
+        count = len(problems)
         head = f"llama-server would not start with this configuration ({count} problem{'s' if count > 1 else ''}):"
-        module.fail_json(
-            msg="\n".join([head, *(f"- {problem}" for problem in result.problems)]), problems=result.problems, **out
-        )
+        module.fail_json(msg="\n".join([head, *(f"- {problem}" for problem in problems)]), problems=problems, **out)
     module.exit_json(**out)
 
 

@@ -12,7 +12,10 @@ description:
     (a crash loop never waits out the timeout), and returns the unit's own log lines on failure.
   - Then sends a greedy canary completion (prompt cache off) and reports C(timings.draft_n),
     C(timings.draft_n_accepted), the acceptance, and whether C(/slots) shows the drafter active.
-  - Changes nothing on the host.
+  - With I(record), the canary's figures are kept in that file on the host together with the unit's
+    invocation ID, and I(canary=false) returns them instead of sending a new canary, as long as the unit has
+    not been (re)started since; a server that restarted, or whose record is missing, always gets a canary.
+  - Changes nothing on the host but the record.
 options:
   url:
     description: Base URL of the server, for example C(http://127.0.0.1:8080).
@@ -33,9 +36,17 @@ options:
     type: int
     default: 300
   canary:
-    description: Send a canary completion once healthy.
+    description:
+      - Send a canary completion once healthy.
+      - When false and I(record) holds the figures of a canary of the unit's current run, return those
+        (C(from_record) true); when false without a usable record, a canary is sent after all (with I(record)).
     type: bool
     default: true
+  record:
+    description:
+      - File on the host where the last passing canary's figures are kept, with the unit's invocation ID
+        (written after every passing canary). Needs I(unit).
+    type: path
   prompt:
     description: Canary prompt.
     type: str
@@ -84,8 +95,14 @@ build_info:
   description: C(b<build>-<commit>) from C(/props).
   type: str
   returned: when canary
+from_record:
+  description: Whether the figures come from I(record) (no canary was sent this time).
+  type: bool
+  returned: success
 """
 
+import json
+import os
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
@@ -117,6 +134,34 @@ def unit_log(unit: str, invocation: str, lines: int = 60) -> list[str]:
     return [line for line in proc.stdout.splitlines() if line.strip()]
 
 
+RECORDED = ("draft_n", "draft_n_accepted", "acceptance", "predicted_per_second", "speculative", "build_info")
+
+
+def read_record(path: str, invocation: str) -> dict | None:
+    """The figures of the canary that passed during the unit's current run, or None (then a canary runs)."""
+    if not invocation:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            kept = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("invocation") != invocation:
+        return None
+    if not all(key in kept for key in RECORDED):
+        return None
+    return {key: kept[key] for key in RECORDED}
+
+
+def write_record(path: str, invocation: str, result: dict) -> None:
+    payload = json.dumps({"invocation": invocation, **{key: result.get(key) for key in RECORDED}})
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(payload + "\n")
+    os.chmod(temporary, 0o600)
+    os.replace(temporary, path)
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -129,7 +174,9 @@ def main() -> None:
             "prompt": {"type": "str", "default": "def fibonacci(n):"},
             "n_predict": {"type": "int", "default": 32},
             "require_draft": {"type": "bool", "default": True},
+            "record": {"type": "path"},
         },
+        required_by={"record": "unit"},
         supports_check_mode=True,
     )
     params = module.params
@@ -160,8 +207,12 @@ def main() -> None:
         waited = wait_ready(endpoint, params["timeout"], still_alive)
     except ServerApiError as exc:
         fail(str(exc))
-    result: dict = {"changed": False, "waited": round(waited, 2)}
-    if params["canary"]:
+    result: dict = {"changed": False, "waited": round(waited, 2), "from_record": False}
+    invocation = first.get("InvocationID", "")
+    kept = read_record(params["record"], invocation) if params["record"] and not params["canary"] else None
+    if kept is not None:
+        result.update(kept, from_record=True)
+    elif params["canary"] or params["record"]:
         try:
             canary = complete(endpoint, params["prompt"], params["n_predict"])
             slots = speculative_slots(endpoint)
@@ -180,6 +231,8 @@ def main() -> None:
                 f"the server answered but did not draft (draft_n={canary.draft_n}, "
                 f"speculative={result['speculative']}); check llama_server_spec_type and models_drafter"
             )
+        if params["record"] and invocation and not module.check_mode:
+            write_record(params["record"], invocation, result)
     module.exit_json(**result)
 
 

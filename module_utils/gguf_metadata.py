@@ -214,12 +214,6 @@ class GgufMetadata:
     def get(self, key: str, default: Any = None) -> Any:
         return self.kv.get(key, default)
 
-    def require(self, key: str) -> Any:
-        """The value of ``key``; GgufError naming the file and the key when absent."""
-        if key not in self.kv:
-            raise GgufError(self.path, f"metadata key {key!r} is missing")
-        return self.kv[key]
-
     def arch_key(self, name: str, default: Any = _MISSING) -> Any:
         """The value of ``<architecture>.<name>``, e.g. ``arch_key("embedding_length")``.
 

@@ -65,10 +65,13 @@ __all__ = [
     "MemoryEstimate",
     "ModelShape",
     "PreflightResult",
+    "check_container_memory",
     "check_context",
     "check_fit",
     "check_pairing",
+    "container_memory_limit_mib",
     "estimate_memory",
+    "host_memory_estimate",
     "largest_fitting_ctx",
     "preflight",
 ]
@@ -872,6 +875,43 @@ def check_fit(estimate: MemoryEstimate, budget_mib: float, *, what: str | None =
 
 
 # ---------------------------------------------------------------------------------------------- top level
+# ---------------------------------------------------------------------------------------------- container
+CONTAINER_MEMORY_STEP_MIB = 256
+
+
+def host_memory_estimate(estimate: MemoryEstimate) -> MemoryEstimate:
+    """The most the server can hold in host RAM: the same configuration with nothing offloaded.
+
+    Exact for a CPU rig (the estimate already counts host RAM); an upper bound on a GPU rig, where offloaded
+    weights and KV cache live in VRAM instead (the headroom then stands for the CUDA runtime's host side).
+    """
+    if estimate.device == "host":
+        return estimate
+    return estimate.recompute(gpu_layers=0, gpu_layers_draft=0)
+
+
+def container_memory_limit_mib(estimate: MemoryEstimate, *, margin_mib: int, floor_mib: int) -> int:
+    """The container's --memory: the host-memory estimate plus ``margin_mib``, rounded up to 256 MiB, at least
+    ``floor_mib``."""
+    if margin_mib < 0 or floor_mib < 0:
+        raise PreflightError("the container memory margin and floor must be MiB >= 0")
+    need = host_memory_estimate(estimate).total + margin_mib * MIB
+    step = CONTAINER_MEMORY_STEP_MIB * MIB
+    return max(int(floor_mib), -(-need // step) * CONTAINER_MEMORY_STEP_MIB)
+
+
+def check_container_memory(estimate: MemoryEstimate, limit_mib: int) -> list[str]:
+    """Refuse a container memory limit the server would hit (the kernel kills the container: OOM)."""
+    host = host_memory_estimate(estimate)
+    if limit_mib * MIB >= host.total:
+        return []
+    return [
+        f"llama_server_container_memory_mib is {limit_mib:,} MiB but the server may hold about {_mib(host.total)} MiB "
+        f"of host memory ({host.breakdown}): the kernel would kill the container. Raise it, or set it to auto "
+        "(the estimate plus llama_server_container_memory_margin_mib)."
+    ]
+
+
 @dataclass
 class PreflightResult:
     problems: list[str]

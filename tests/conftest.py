@@ -1,28 +1,21 @@
-"""Shared pytest setup: make the kit's module_utils importable the way Ansible modules import them."""
+"""Shared pytest setup: the kit's imports (wired once, by the rigkit package) and the GGUF fixtures."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
+
+import rigkit  # noqa: F401  (makes module_utils/ importable as ansible.module_utils, as modules import it)
 
 REPO = Path(__file__).resolve().parents[1]
 
-# `from ansible.module_utils.<name> import ...` finds the kit's module_utils/ (ansible.cfg: module_utils=).
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
-# `from tests.fixtures.<name> import ...` works from any test directory.
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-
-# --- GGUF fixtures (tests/fixtures/) ---------------------------------------------------------------
+# --- GGUF fixtures (rigkit/sandbox/: the sandbox rigs serve the same files) ---------------------------------
 @pytest.fixture(scope="session")
 def gemma3_270m_gguf() -> Path:
     """The real Gemma 3 270M Q4_K_M GGUF (~250 MB), assembled once into ${RIGKIT_CACHE_DIR}/fixtures/."""
-    from tests.fixtures.gemma3_270m import gemma3_270m_gguf as build
+    from rigkit.sandbox.gemma3_270m import gemma3_270m_gguf as build
 
     try:
         return build()
@@ -35,7 +28,7 @@ def gemma3_270m_gguf() -> Path:
 @pytest.fixture(scope="session")
 def tiny_gemma4_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(target, drafter): the deterministic tiny gemma4 + gemma4-assistant pair."""
-    from tests.fixtures.tiny_gemma4 import write_pair
+    from rigkit.sandbox.tiny_gemma4 import write_pair
 
     out = tmp_path_factory.mktemp("tiny-gemma4")
     return write_pair(out / "tiny-gemma4.gguf", out / "tiny-gemma4-assistant.gguf")

@@ -8,9 +8,32 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from rigkit.paths import cache_dir
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
 ARTIFACTS = REPO / ".artifacts"
+
+# The controller's cache, as the kit resolves it.
+CACHE_DIR = cache_dir()
+
+
+def role_defaults(role: str) -> dict:
+    """A role's defaults, the source of truth tests compare against instead of re-typing pins."""
+    return yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())
+
+
+def group_vars(name: str) -> dict:
+    return yaml.safe_load((REPO / "inventory" / "group_vars" / f"{name}.yml").read_text())
+
+
+_IMAGE = role_defaults("llamacpp_image")
+LLAMACPP_COMMIT: str = _IMAGE["llamacpp_image_commit"]
+LLAMACPP_BUILD_NUMBER = str(_IMAGE["llamacpp_image_build_number"])
+# llama-server's /props build_info and the image tag's prefix: b<build>-<short commit>
+LLAMACPP_BUILD_INFO = f"b{LLAMACPP_BUILD_NUMBER}-{LLAMACPP_COMMIT[:7]}"
 
 RECAP_RE = re.compile(
     r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)\s+"

@@ -1,28 +1,40 @@
 """Benchmarks of the verified model fetch, measured side by side (ratios, not absolute times: the machine is noisy).
 
-    .venv/bin/python tests/bench/bench_fetch.py [--work DIR] [--reps N] [--skip-fleet] [--out results.json]
+    .venv/bin/python tests/bench/bench_fetch.py [--work DIR] [--reps N] [--size-mib N] [--only SECTIONS]
+        [--skip-fleet] [--out results.json] [--report-dir reports/perf]
 
-1. first-time hashing: model_fetch's verification of a present 250 MB GGUF without a record (sha256 + GGUF
-   header + record) and its bare ``sha256_file``, against ``sha256sum`` on the same file (goal >= 0.9x);
-2. re-run on a present, verified 2.5 GB GGUF vs the 250 MB one, through ``fetch_model`` and through the Ansible
-   module (goal ratio <= 1.2);
-3. loopback download of the 250 MB GGUF from the kit's mirror (a separate process): ``fetch_model`` (streams,
-   hashes, fsyncs, checks the header) against ``curl -o`` (goal >= 0.8x);
-4. bytes re-sent on resume: a connection reset at 40 % (retry in the same run) and an interrupted run resumed
-   by the next one, counted by the Hugging Face stand-in (goal <= 1 % extra);
-5. a fleet of 3 sandbox rigs, all on the 250 MB model, fresh controller cache: bytes the upstream (sandbox hub)
-   served per file (goal 1x). Needs the container harness (``make harness``); --skip-fleet skips it.
+Every contender runs interleaved with the ones it is compared to (a, b, c, a, b, c, ...) and the medians are
+reported, with the load average before and after each section (the machine is shared).
 
-The 2.5 GB file is written under --work (default: a temporary directory next to the gemma3 fixture) and
-deleted at the end, whatever happens.
+1. ``hashing``: first-time hashing of a present GGUF of --size-mib (default 1 GiB): model_fetch's verification
+   without a record (sha256 + GGUF header + record) and its bare ``sha256_file``, against ``openssl dgst -sha256``
+   (goal >= 0.9x) and coreutils ``sha256sum`` on the same file, page cache warm for all;
+2. ``rerun``: re-run on a present, verified 2.5 GB GGUF vs the 250 MB one, through ``fetch_model`` and through
+   the Ansible module (goal ratio <= 1.2);
+3. ``download``: loopback download of the --size-mib GGUF from the kit's mirror (``rigkit mirror``, a separate
+   process, sendfile): ``fetch_model`` (streams, hashes in a second thread, fsyncs, checks the header, renames)
+   against ``curl -o`` (goal >= 0.8x) and ``curl -o`` + ``sync --data`` (durable like the fetcher's result);
+4. ``resume``: bytes re-sent on resume: a connection reset at 40 % (retry in the same run) and an interrupted run
+   resumed by the next one, counted by the Hugging Face stand-in (goal <= 1 % extra);
+5. ``fleet3``: fleet delivery without containers: the controller's cache is filled once from the upstream (the
+   Hugging Face stand-in: bytes from upstream 1x), then 3 fetch processes (three rigs) pull the file from one
+   mirror at once, against one alone: wall time of 3 vs 1, bytes the mirror served;
+6. ``fleet``: a fleet of 3 sandbox rigs through the models play, fresh controller cache: bytes the upstream
+   (sandbox hub) served per file (goal 1x). Needs the container harness (``make harness``); --skip-fleet skips it.
+
+With --report-dir the results, the machine (CPU model, cores, disk, kernel) and a PNG are written there as
+``fetch-<UTC time>.json`` and ``.png``. Big files are written under --work (default: a temporary directory
+next to the gemma3 fixture) and deleted at the end, whatever happens.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
+import platform
 import shutil
 import socket
 import statistics
@@ -34,12 +46,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-import ansible.module_utils  # noqa: E402
+import rigkit  # first: it makes module_utils/ importable as ansible.module_utils (run with .venv/bin/python)
 
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+REPO = rigkit.REPO
 
 from ansible.module_utils.model_fetch import (  # noqa: E402
     DownloadError,
@@ -49,7 +58,7 @@ from ansible.module_utils.model_fetch import (  # noqa: E402
     sha256_file,
 )
 
-from tests.fixtures import gemma3_270m  # noqa: E402
+from rigkit.sandbox import gemma3_270m  # noqa: E402
 from tests.fixtures.hf_standin import Fault, HfStandin  # noqa: E402
 
 MB = 1e6
@@ -69,13 +78,23 @@ def median_time(fn: Callable[[], Any], reps: int) -> float:
 
 def interleaved(a: Callable[[], Any], b: Callable[[], Any], reps: int) -> tuple[float, float]:
     """Medians of a and b run alternately (a, b, a, b, ...), so both see the same machine."""
-    ta, tb = [], []
+    samples = interleaved_samples({"a": a, "b": b}, reps)
+    return statistics.median(samples["a"]), statistics.median(samples["b"])
+
+
+def interleaved_samples(contenders: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
+    """Every contender's wall times, run in turn (a, b, c, a, b, c, ...) ``reps`` times."""
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(reps):
-        for fn, out in ((a, ta), (b, tb)):
+        for name, fn in contenders.items():
             start = time.perf_counter()
             fn()
-            out.append(time.perf_counter() - start)
-    return statistics.median(ta), statistics.median(tb)
+            samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def entry_for(path: Path, filename: str, architecture: str, sha256: str | None = None) -> dict[str, Any]:
@@ -144,7 +163,7 @@ def write_big_gguf(path: Path, filler: Path, size: int = BIG_SIZE) -> Path:
 def bench_hashing(gguf: Path, work: Path, reps: int) -> dict[str, Any]:
     dest = work / "hash" / gguf.name
     link_or_copy(gguf, dest)
-    entry = entry_for(dest, gguf.name, "gemma3", gemma3_270m.SHA256)
+    entry = entry_for(dest, gguf.name, "gemma3")
     sha256_file(str(dest))  # warm the page cache for every contender alike
 
     def verify() -> None:
@@ -152,19 +171,35 @@ def bench_hashing(gguf: Path, work: Path, reps: int) -> dict[str, Any]:
         result = fetch_model(entry, dest, FetchOptions())
         assert result.verification == "full" and not result.changed
 
+    def openssl() -> None:
+        subprocess.run(["openssl", "dgst", "-sha256", str(dest)], check=True, capture_output=True)
+
     def coreutils() -> None:
         subprocess.run(["sha256sum", str(dest)], check=True, capture_output=True)
 
-    t_verify, t_sum = interleaved(verify, coreutils, reps)
-    t_bare, t_sum2 = interleaved(lambda: sha256_file(str(dest)), coreutils, reps)
+    load_before = load()
+    samples = interleaved_samples(
+        {
+            "openssl_dgst_sha256": openssl,
+            "sha256_file": lambda: sha256_file(str(dest)),
+            "fetch_model_first_verify": verify,
+            "sha256sum": coreutils,
+        },
+        reps,
+    )
     size = dest.stat().st_size
+    med = {name: statistics.median(times) for name, times in samples.items()}
     return {
         "file_bytes": size,
-        "sha256sum_MBps": size / MB / t_sum,
-        "fetch_model_first_verify_MBps": size / MB / t_verify,
-        "first_verify_vs_sha256sum": t_sum / t_verify,
-        "sha256_file_MBps": size / MB / t_bare,
-        "sha256_file_vs_sha256sum": t_sum2 / t_bare,
+        "reps": reps,
+        "load_before": load_before,
+        "load_after": load(),
+        "samples_s": samples,
+        "median_s": med,
+        "MBps": {name: size / MB / t for name, t in med.items()},
+        "sha256_file_vs_openssl": med["openssl_dgst_sha256"] / med["sha256_file"],
+        "first_verify_vs_openssl": med["openssl_dgst_sha256"] / med["fetch_model_first_verify"],
+        "sha256_file_vs_sha256sum": med["sha256sum"] / med["sha256_file"],
     }
 
 
@@ -218,9 +253,11 @@ def bench_rerun(gguf: Path, big: Path, work: Path, reps: int) -> dict[str, Any]:
     }
 
 
-def start_mirror(root: Path, run_dir: Path) -> dict[str, Any]:
+def start_mirror(root: Path, run_dir: Path, stats: Path | None = None) -> dict[str, Any]:
     cmd = [sys.executable, str(REPO / "bin" / "rigkit"), "mirror", "--root", str(root), "--port", "0"]
     cmd += ["--pidfile", str(run_dir / "m.pid"), "--logfile", str(run_dir / "m.log")]
+    if stats is not None:
+        cmd += ["--stats-file", str(stats)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
@@ -230,54 +267,147 @@ def stop_mirror(run_dir: Path) -> None:
     subprocess.run(cmd, capture_output=True, check=False)
 
 
+def mirror_layout(root: Path, name: str) -> Path:
+    return root / REPO_ID / "resolve" / REV / name
+
+
 def bench_download(gguf: Path, work: Path, reps: int) -> dict[str, Any]:
     root = work / "mirror-root"
-    served = root / REPO_ID / "resolve" / REV / gguf.name
+    served = mirror_layout(root, gguf.name)
     link_or_copy(gguf, served)
-    entry = entry_for(served, gguf.name, "gemma3", gemma3_270m.SHA256)
+    entry = entry_for(served, gguf.name, "gemma3")
     out = work / "download"
     out.mkdir(exist_ok=True)
     dest = out / gguf.name
     curl_dest = out / "curl.gguf"
     info = start_mirror(root, work)
     url = f"{info['url']}/{REPO_ID}/resolve/{REV}/{gguf.name}"
+    size = entry["size"]
+    sha256_file(str(served))  # the served file in the page cache for every contender alike
+
+    def ours() -> None:
+        result = fetch_model(entry, dest, FetchOptions(base_url=info["url"], allow_insecure_http=True))
+        assert result.bytes_downloaded == size and result.verification == "download"
+
+    def curl() -> None:
+        subprocess.run(["curl", "-sSf", "-o", str(curl_dest), url], check=True)
+
+    def curl_then_sync() -> None:  # durable on disk, as fetch_model's result is
+        curl()
+        subprocess.run(["sync", "--data", str(curl_dest)], check=True)
+
+    def clean() -> None:  # unlinked right after its run: its dirty pages never slow the next contender
+        for path in (dest, curl_dest):
+            path.unlink(missing_ok=True)
+        forget_record(dest)
+
+    load_before = load()
     try:
-
-        def ours() -> None:
-            dest.unlink(missing_ok=True)
-            forget_record(dest)
-            result = fetch_model(entry, dest, FetchOptions(base_url=info["url"], allow_insecure_http=True))
-            assert result.bytes_downloaded == entry["size"]
-
-        def curl() -> None:
-            curl_dest.unlink(missing_ok=True)
-            subprocess.run(["curl", "-sSf", "-o", str(curl_dest), url], check=True)
-
-        def curl_then_sha256sum() -> None:
-            curl()
-            subprocess.run(["sha256sum", str(curl_dest)], check=True, capture_output=True)
-
-        def curl_then_fsync() -> None:  # durable on disk, as fetch_model's result is
-            curl()
-            subprocess.run(["sync", "--data", str(curl_dest)], check=True)
-
-        t_ours, t_curl = interleaved(ours, curl, reps)
-        t_ours2, t_curl_hash = interleaved(ours, curl_then_sha256sum, max(2, reps // 2))
-        t_ours3, t_curl_sync = interleaved(ours, curl_then_fsync, max(2, reps // 2))
+        samples: dict[str, list[float]] = {"curl_o": [], "fetch_model": [], "curl_o_then_sync": []}
+        contenders = {"curl_o": curl, "fetch_model": ours, "curl_o_then_sync": curl_then_sync}
+        for _ in range(reps):
+            for name, fn in contenders.items():
+                clean()
+                start = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - start)
+                clean()
     finally:
         stop_mirror(work)
-        dest.unlink(missing_ok=True)
-        curl_dest.unlink(missing_ok=True)
-    size = entry["size"]
+        clean()
+    med = {name: statistics.median(times) for name, times in samples.items()}
     return {
         "file_bytes": size,
-        "curl_MBps": size / MB / t_curl,
-        "fetch_model_MBps": size / MB / t_ours,
-        "fetch_model_vs_curl": t_curl / t_ours,
-        "curl_plus_sha256sum_MBps": size / MB / t_curl_hash,
-        "fetch_model_vs_curl_plus_sha256sum": t_curl_hash / t_ours2,
-        "curl_plus_fsync_MBps": size / MB / t_curl_sync,
-        "fetch_model_vs_curl_plus_fsync": t_curl_sync / t_ours3,
+        "reps": reps,
+        "load_before": load_before,
+        "load_after": load(),
+        "samples_s": samples,
+        "median_s": med,
+        "MBps": {name: size / MB / t for name, t in med.items()},
+        "fetch_model_vs_curl": med["curl_o"] / med["fetch_model"],
+        "fetch_model_vs_curl_then_sync": med["curl_o_then_sync"] / med["fetch_model"],
+    }
+
+
+def fetch_one(args: argparse.Namespace) -> int:
+    """One rig's fetch (a process of its own, as on a rig): --fetch-one BASE_URL ENTRY_JSON DEST."""
+    base_url, entry_json, dest = args.fetch_one
+    result = fetch_model(json.loads(entry_json), dest, FetchOptions(base_url=base_url, allow_insecure_http=True))
+    return 0 if result.verification == "download" else 1
+
+
+def bench_fleet3(gguf: Path, work: Path, reps: int, rigs: int = 3) -> dict[str, Any]:
+    """The controller's cache filled once from upstream, then ``rigs`` fetch processes from one mirror at once."""
+    entry = entry_for(gguf, gguf.name, "gemma3")
+    size = entry["size"]
+    cache_root = work / "controller-cache"
+    cached = mirror_layout(cache_root, gguf.name)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with HfStandin() as upstream:
+        upstream.add_file(REPO_ID, REV, gguf.name, gguf, sha256=entry["sha256"])
+        start = time.perf_counter()
+        fetch_model(entry, cached, FetchOptions(base_url=upstream.base_url, allow_insecure_http=True))
+        fill_s = time.perf_counter() - start
+        upstream_bytes = upstream.bytes_served(REPO_ID, REV, gguf.name)
+    stats = work / "mirror.stats.json"
+    info = start_mirror(cache_root, work, stats)
+    rig_dirs = [work / f"rig{i + 1}" for i in range(rigs)]
+
+    def served() -> int:
+        data = json.loads(stats.read_text()) if stats.exists() else {"files": {}}
+        return sum(counters["bytes"] for counters in data["files"].values())
+
+    def clean() -> None:
+        for directory in rig_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+
+    def deliver(count: int) -> Callable[[], None]:
+        def run() -> None:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--fetch-one", info["url"], json.dumps(entry)]
+            procs = [subprocess.Popen([*cmd, str(d / gguf.name)]) for d in rig_dirs[:count]]
+            codes = [proc.wait() for proc in procs]
+            if any(codes):
+                raise RuntimeError(f"a rig's fetch failed: exit codes {codes}")
+
+        return run
+
+    load_before = load()
+    samples: dict[str, list[float]] = {"one_rig": [], f"{rigs}_rigs": []}
+    mirror_bytes: dict[str, list[int]] = {"one_rig": [], f"{rigs}_rigs": []}
+    try:
+        for _ in range(reps):
+            for name, count in (("one_rig", 1), (f"{rigs}_rigs", rigs)):
+                clean()
+                before = served()
+                start = time.perf_counter()
+                deliver(count)()
+                samples[name].append(time.perf_counter() - start)
+                time.sleep(0.2)  # the mirror writes its stats after each body
+                mirror_bytes[name].append(served() - before)
+                clean()
+    finally:
+        stop_mirror(work)
+        for directory in rig_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(cache_root, ignore_errors=True)
+    med = {name: statistics.median(times) for name, times in samples.items()}
+    return {
+        "rigs": rigs,
+        "file_bytes": size,
+        "reps": reps,
+        "load_before": load_before,
+        "load_after": load(),
+        "controller_cache_fill_s": fill_s,
+        "upstream_bytes_over_file": upstream_bytes / size,
+        "mirror_bytes_over_file": {name: [b / size for b in counts] for name, counts in mirror_bytes.items()},
+        "samples_s": samples,
+        "median_s": med,
+        "wall_ratio_fleet_vs_one": med[f"{rigs}_rigs"] / med["one_rig"],
+        "aggregate_MBps": {
+            "one_rig": size / MB / med["one_rig"],
+            f"{rigs}_rigs": rigs * size / MB / med[f"{rigs}_rigs"],
+        },
     }
 
 
@@ -372,26 +502,135 @@ def bench_fleet(work: Path) -> dict[str, Any]:
     }
 
 
+def machine(work: Path) -> dict[str, Any]:
+    """The machine the figures come from: CPU, cores, disk under the scratch directory, kernel, load."""
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    disk: dict[str, Any] = {}
+    done = subprocess.run(
+        ["findmnt", "-n", "-o", "SOURCE,FSTYPE", "--target", str(work)], capture_output=True, text=True, check=False
+    )
+    if done.returncode == 0 and done.stdout.split():
+        source, fstype = [*done.stdout.split(), ""][:2]
+        disk = {"source": source, "fstype": fstype}
+        block = Path("/sys/class/block") / Path(source).name
+        for key, rel in (("rotational", "queue/rotational"), ("model", "device/model"), ("size_512b", "size")):
+            with contextlib.suppress(OSError):
+                disk[key] = (block / rel).read_text().strip()
+    return {
+        "cpu": cpu or platform.processor(),
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "disk": disk,
+        "curl": subprocess.run(["curl", "--version"], capture_output=True, text=True, check=False).stdout.split("\n")[
+            0
+        ],
+        "openssl": subprocess.run(["openssl", "version"], capture_output=True, text=True, check=False).stdout.strip(),
+    }
+
+
+def plot(results: dict[str, Any], path: Path) -> Path:
+    """One PNG: download vs curl, hashing vs openssl, fleet of 3 vs one rig (medians, every sample as a dot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    panels = [key for key in ("download", "hashing", "fleet3") if key in results]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.2 * max(1, len(panels)), 4.6), dpi=100)
+    axes = list(axes) if len(panels) > 1 else [axes]
+    titles = {
+        "download": "loopback download to disk (MB/s)",
+        "hashing": "first-time sha256 of a present file (MB/s)",
+        "fleet3": "fleet delivery from one mirror (s)",
+    }
+    for ax, key in zip(axes, panels, strict=False):
+        section = results[key]
+        names = list(section["samples_s"])
+        if key == "fleet3":
+            values = [section["median_s"][n] for n in names]
+            dots = [section["samples_s"][n] for n in names]
+            note = (
+                f"{section['rigs']} rigs / 1 rig: {section['wall_ratio_fleet_vs_one']:.2f}x wall\n"
+                f"upstream bytes: {section['upstream_bytes_over_file']:.2f}x file, "
+                f"mirror: {statistics.median(section['mirror_bytes_over_file'][names[-1]]):.2f}x"
+            )
+        else:
+            size = section["file_bytes"] / MB
+            values = [section["MBps"][n] for n in names]
+            dots = [[size / t for t in section["samples_s"][n]] for n in names]
+            note = (
+                f"fetch_model / curl -o: {section['fetch_model_vs_curl']:.2f}x"
+                if key == "download"
+                else f"sha256_file / openssl: {section['sha256_file_vs_openssl']:.2f}x, "
+                f"first verify: {section['first_verify_vs_openssl']:.2f}x"
+            )
+        ax.bar(range(len(names)), values, color="#4c72b0")
+        for i, points in enumerate(dots):
+            ax.plot([i] * len(points), points, "k.", markersize=4)
+        ax.set_xticks(range(len(names)), [n.replace("_", " ") for n in names], rotation=15, fontsize=8)
+        ax.set_title(titles[key], fontsize=10)
+        ax.text(0.02, 0.97, note, transform=ax.transAxes, va="top", fontsize=8)
+        ax.set_ylim(0, max(max(p) for p in dots) * 1.3)
+        ax.text(
+            0.02, -0.22, f"load {section['load_before']} -> {section['load_after']}", transform=ax.transAxes, fontsize=7
+        )
+    meta = results.get("machine", {})
+    fig.suptitle(
+        f"rigkit fetch bench: {meta.get('cpu', '?')}, {meta.get('cores', '?')} cores, {meta.get('kernel', '?')}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one)")
     parser.add_argument("--reps", type=int, default=5, help="repetitions per timed contender (default 5)")
+    parser.add_argument("--size-mib", type=int, default=1024, help="the download/hash/fleet3 file (default 1 GiB)")
     parser.add_argument("--skip-fleet", action="store_true", help="skip the 3-rig fleet (needs the harness)")
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
-    parser.add_argument("--only", default="", help="comma-separated sections: hashing,rerun,download,resume,fleet")
+    parser.add_argument("--report-dir", type=Path, help="write fetch-<time>.json and .png here (reports/perf)")
+    parser.add_argument(
+        "--only", default="", help="comma-separated sections: hashing,rerun,download,resume,fleet3,fleet"
+    )
+    parser.add_argument("--fetch-one", nargs=3, metavar=("BASE_URL", "ENTRY_JSON", "DEST"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    wanted = set(filter(None, args.only.split(","))) or {"hashing", "rerun", "download", "resume", "fleet"}
+    if args.fetch_one:
+        return fetch_one(args)
+    wanted = set(filter(None, args.only.split(","))) or {"hashing", "rerun", "download", "resume", "fleet3", "fleet"}
     if args.skip_fleet:
         wanted.discard("fleet")
 
     gguf = gemma3_270m.gemma3_270m_gguf()
     work = Path(tempfile.mkdtemp(prefix="rigkit-bench-", dir=args.work or gguf.parent.parent))
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {
+        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "started_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": machine(work),
+    }
     try:
         print(f"scratch: {work}", flush=True)
+        sized = gguf
+        if wanted & {"hashing", "download", "fleet3"}:
+            sized = write_big_gguf(work / f"bench-{args.size_mib}MiB.gguf", gguf, args.size_mib * 1024 * 1024)
         if "hashing" in wanted:
-            results["hashing"] = bench_hashing(gguf, work, args.reps)
+            results["hashing"] = bench_hashing(sized, work, args.reps)
             print(json.dumps(results["hashing"], indent=1), flush=True)
+        if "download" in wanted:
+            results["download"] = bench_download(sized, work, args.reps)
+            print(json.dumps(results["download"], indent=1), flush=True)
+        if "fleet3" in wanted:
+            results["fleet3"] = bench_fleet3(sized, work, args.reps)
+            print(json.dumps(results["fleet3"], indent=1), flush=True)
         if "rerun" in wanted:
             big = write_big_gguf(work / "bench-2.5GB.gguf", gguf)
             try:
@@ -400,9 +639,6 @@ def main() -> int:
                 for path in work.rglob("bench-2.5GB.gguf"):
                     path.unlink()
             print(json.dumps(results["rerun"], indent=1), flush=True)
-        if "download" in wanted:
-            results["download"] = bench_download(gguf, work, args.reps)
-            print(json.dumps(results["download"], indent=1), flush=True)
         if "resume" in wanted:
             results["resume"] = bench_resume(gguf, work)
             print(json.dumps(results["resume"], indent=1), flush=True)
@@ -410,9 +646,14 @@ def main() -> int:
             results["fleet"] = bench_fleet(work)
             print(json.dumps(results["fleet"], indent=1), flush=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)  # the 2.5 GB file never outlives the run
+        shutil.rmtree(work, ignore_errors=True)  # the big files never outlive the run
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
+    if args.report_dir:
+        args.report_dir.mkdir(parents=True, exist_ok=True)
+        stem = args.report_dir / f"fetch-{results['started_utc'].replace(':', '')}"
+        stem.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {stem.with_suffix('.json')} and {plot(results, stem.with_suffix('.png'))}", flush=True)
     return 0
 
 

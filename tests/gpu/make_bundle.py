@@ -293,7 +293,7 @@ def download_wheels(out_dir: Path) -> list[str]:
 
 def write_models(out_dir: Path) -> dict[str, str]:
     sys.path.insert(0, str(REPO))
-    from tests.fixtures.tiny_gemma4 import write_pair
+    from rigkit.sandbox.tiny_gemma4 import write_pair
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = write_pair(out_dir / "tiny-gemma4.gguf", out_dir / "tiny-gemma4-assistant.gguf")

@@ -12,7 +12,7 @@ import subprocess
 import jsonschema
 import pytest
 
-from tests.support import REPO, recap, run
+from tests.support import LLAMACPP_BUILD_INFO, LLAMACPP_COMMIT, REPO, recap, run
 
 SCHEMA = json.loads((REPO / "roles/llama_bench/files/bench-report.schema.json").read_text())
 RIGS = {
@@ -83,8 +83,8 @@ def test_report_matches_the_schema_and_has_its_plot(benched):
 def test_report_describes_the_rig_it_measured(benched):
     report = benched["report"]
     rig = report["rig"]
-    assert rig["image"]["build_info"] == "b11312-0c1e570"
-    assert rig["image"]["llamacpp_commit"] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+    assert rig["image"]["build_info"] == LLAMACPP_BUILD_INFO
+    assert rig["image"]["llamacpp_commit"] == LLAMACPP_COMMIT
     assert rig["image"]["id"].startswith("sha256:")
     catalog_text = (REPO / "inventory/group_vars/all/model_catalog.yml").read_text()
     assert rig["models"]["target"]["sha256"] in catalog_text
@@ -117,7 +117,7 @@ def test_drafter_off_means_no_drafts_and_on_means_drafts(benched):
 
 def test_drafts_are_accepted_on_both_rigs(benched):
     """Gemma 3 270M drafts for itself; the tiny pair's drafter drafts the cycle its target emits
-    (tests/fixtures/tiny_gemma4.py). A JSON schema's grammar, not the model, picks the structured kind's tokens."""
+    (rigkit/sandbox/tiny_gemma4.py). A JSON schema's grammar, not the model, picks the structured kind's tokens."""
     drafting = [cell for cell in benched["report"]["cells"] if cell["draft_n_max"] > 0]
     acceptance = statistics.median(cell["median"]["acceptance"] for cell in drafting)
     assert acceptance >= 0.9, [(c["kind"], c["concurrency"], c["draft_n_max"], c["median"]) for c in drafting]

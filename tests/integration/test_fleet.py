@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ARTIFACTS, recap, run
+from tests.support import ARTIFACTS, LLAMACPP_BUILD_INFO, LLAMACPP_COMMIT, recap, run
 
 FLEET = ["sandbox", "sandbox-mtp", "sandbox-3"]
 URLS = {"sandbox": 18080, "sandbox-mtp": 18081, "sandbox-3": 18082}
@@ -88,8 +88,8 @@ def test_lock_records_every_rig(fleet):
     rigs = json.loads(fleet["lock"].read_text())["rigs"]
     assert sorted(rigs) == sorted(FLEET)
     for host, entry in rigs.items():
-        assert entry["image"]["llamacpp_commit"] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f", host
-        assert entry["image"]["tag"].startswith("rigkit/llama-server:b11312-0c1e570-cpu-"), host
+        assert entry["image"]["llamacpp_commit"] == LLAMACPP_COMMIT, host
+        assert entry["image"]["tag"].startswith(f"rigkit/llama-server:{LLAMACPP_BUILD_INFO}-cpu-"), host
         assert entry["packages"]["docker.io"].startswith("20.10.24"), host
         unit_sha = in_rig(host, "sha256sum", UNIT).stdout.split()[0]
         assert entry["unit_sha256"] == unit_sha, host
@@ -105,7 +105,7 @@ def test_status_shows_all_three(fleet):
     }
     assert sorted(rows) == sorted(FLEET)
     for line in rows.values():
-        assert " yes " in line and "b11312-0c1e570" in line and "(verified)" in line and "active" in line, line
+        assert " yes " in line and LLAMACPP_BUILD_INFO in line and "(verified)" in line and "active" in line, line
     as_json = make("status", f"host={','.join(FLEET)}", "json=1", lock=fleet["lock"], log="fleet-status-json")
     data = json.loads(as_json.output[as_json.output.index("{") :])
     assert all(data[host]["reachable"] for host in FLEET)

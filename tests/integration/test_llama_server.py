@@ -94,7 +94,7 @@ def still_serving(previous: dict) -> None:
 
 
 def test_mismatched_drafter_is_refused_before_the_server_is_touched(previous, tmp_path):
-    from tests.fixtures.tiny_gemma4 import write_pair
+    from rigkit.sandbox.tiny_gemma4 import write_pair
 
     _target, drafter = write_pair(tmp_path / "t.gguf", tmp_path / "wide-assistant.gguf", embedding_length_out=128)
     assert in_rig(MTP_CONTAINER, "mkdir", "-p", "/var/lib/rigkit/models/mismatch").returncode == 0

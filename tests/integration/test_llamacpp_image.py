@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, run
+from tests.support import CACHE_DIR, LLAMACPP_BUILD_NUMBER, LLAMACPP_COMMIT, REPO, group_vars, run
 
-COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-SDIST_SUBDIR = "llama_cpp_python-0.3.36/vendor/llama.cpp"
+COMMIT = LLAMACPP_COMMIT
+SANDBOX = group_vars("sandbox_rigs")
+SDIST_SHA256 = SANDBOX["llamacpp_image_source_sha256"]
+SDIST_SUBDIR = SANDBOX["llamacpp_image_source_subdir"]
+SDIST_NAME = SANDBOX["llamacpp_image_source_url"].rsplit("/", 1)[1]
 
 
 def render(*hosts: str, extra: dict | None = None) -> dict[str, dict]:
@@ -60,7 +62,7 @@ def inspect(image: str, *engine: str) -> dict:
 def test_version_reports_the_pinned_commit(rig_image):
     result = run(["docker", "run", "--rm", "--network", "host", rig_image, "--version"])
     assert result.returncode == 0, result.output
-    assert "build 11312, commit 0c1e570" in result.output
+    assert f"build {LLAMACPP_BUILD_NUMBER}, commit {COMMIT[:7]}" in result.output
 
 
 def test_help_lists_draft_mtp(rig_image):
@@ -77,7 +79,7 @@ def test_runs_as_non_root(rig_image):
 def test_labels_record_every_input(rig_image):
     labels = inspect(rig_image)["Config"]["Labels"]
     assert labels["io.rigkit.llamacpp.commit"] == COMMIT
-    assert labels["io.rigkit.llamacpp.build-number"] == "11312"
+    assert labels["io.rigkit.llamacpp.build-number"] == LLAMACPP_BUILD_NUMBER
     assert labels["io.rigkit.llamacpp.source-sha256"] == SDIST_SHA256
     assert labels["io.rigkit.ggml-cuda"] == "OFF"
     assert labels["io.rigkit.build-base-image"].startswith("rigkit/debian:bookworm-")
@@ -113,7 +115,7 @@ def test_production_build_for_each_gpu_rig():
     for host, arch in (("desktop3050", "86"), ("laptop1650ti", "75")):
         args = shown[host]["build_args"]
         assert args["GGML_CUDA"] == "ON" and args["CUDA_ARCHITECTURES"] == arch
-        assert args["LLAMACPP_COMMIT"] == COMMIT and args["LLAMACPP_BUILD_NUMBER"] == "11312"
+        assert args["LLAMACPP_COMMIT"] == COMMIT and args["LLAMACPP_BUILD_NUMBER"] == LLAMACPP_BUILD_NUMBER
         assert args["BUILD_BASE_IMAGE"].startswith("nvidia/cuda:12.2.2-devel-ubuntu22.04@sha256:")
         assert args["RUNTIME_BASE_IMAGE"].startswith("nvidia/cuda:12.2.2-runtime-ubuntu22.04@sha256:")
         assert args["LLAMACPP_SOURCE_SUBDIR"] == f"llama.cpp-{COMMIT}"
@@ -143,7 +145,7 @@ def test_unsupported_architecture_string_is_refused():
 
 def tampered_sdist(tmp_path: Path) -> Path:
     """The pinned sdist with one byte of its llama.cpp tree changed (a valid tar.gz, a different hash)."""
-    original = Path("/var/cache/rigkit/llamacpp") / "llama_cpp_python-0.3.36.tar.gz"
+    original = CACHE_DIR / "llamacpp" / SDIST_NAME
     data = bytearray(gzip.decompress(original.read_bytes()))
     marker = data.find(b"draft-mtp")
     data[marker] ^= 0x20
@@ -164,7 +166,7 @@ def test_dockerfile_refuses_a_tampered_source(rig_image, tmp_path):
         "BUILD_BASE_IMAGE": base,
         "RUNTIME_BASE_IMAGE": base,
         "LLAMACPP_COMMIT": COMMIT,
-        "LLAMACPP_BUILD_NUMBER": "11312",
+        "LLAMACPP_BUILD_NUMBER": LLAMACPP_BUILD_NUMBER,
         "LLAMACPP_SOURCE_SHA256": SDIST_SHA256,
         "LLAMACPP_SOURCE_SUBDIR": SDIST_SUBDIR,
     }
@@ -183,7 +185,7 @@ def test_role_refuses_a_tampered_download(rig_image, tmp_path):
     """The role's own download check: a source URL serving other bytes fails before any build."""
     served = tmp_path / "www"
     served.mkdir()
-    shutil.move(tampered_sdist(tmp_path), served / "llama_cpp_python-0.3.36.tar.gz")
+    shutil.move(tampered_sdist(tmp_path), served / SDIST_NAME)
     server = subprocess.Popen(
         ["python3", "-m", "http.server", "--bind", "127.0.0.1", "0", "--directory", str(served)],
         stdout=subprocess.PIPE,
@@ -192,7 +194,7 @@ def test_role_refuses_a_tampered_download(rig_image, tmp_path):
     try:
         port = int(server.stdout.readline().split("port ")[1].split()[0])
         extra = {
-            "llamacpp_image_source_url": f"http://127.0.0.1:{port}/llama_cpp_python-0.3.36.tar.gz",
+            "llamacpp_image_source_url": f"http://127.0.0.1:{port}/{SDIST_NAME}",
             "llamacpp_image_work_dir": str(tmp_path / "work"),
             "llamacpp_image_extra_cmake_args": "-DRIGKIT_TAMPER_TEST=1",  # a tag that does not exist yet
         }
@@ -213,5 +215,5 @@ def test_role_refuses_a_tampered_download(rig_image, tmp_path):
 
 
 def test_build_context_is_removed_after_build(sandbox_provisioned):
-    leftovers = list(Path("/var/cache/rigkit/llamacpp").glob("context-*"))
+    leftovers = list((CACHE_DIR / "llamacpp").glob("context-*"))
     assert leftovers == []

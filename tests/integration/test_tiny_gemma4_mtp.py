@@ -3,7 +3,7 @@
 The server runs from the CPU image `make image host=sandbox` builds on this machine (rigkit/llama-server:*-cpu-*),
 host network, loopback only, a free port. It is sent what the kit itself sends: the rig suite's and the probe's
 prompts, and the bench's code, prose and chat requests (module_utils/bench_workload.py). Each answer must be the
-cycle the fixture's weights encode (tests/fixtures/tiny_gemma4.py) and its drafts must be accepted >= 90 %.
+cycle the fixture's weights encode (rigkit/sandbox/tiny_gemma4.py) and its drafts must be accepted >= 90 %.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ansible.module_utils.llama_server_api import (
     wait_ready,
 )
 
-from tests.fixtures.tiny_gemma4 import BYTE_TOKEN_BASE, expected_continuation, write_pair
+from rigkit.sandbox.tiny_gemma4 import BYTE_TOKEN_BASE, expected_continuation, write_pair
 from tests.gpu.local_server import free_port
 from tests.support import REPO, unavailable, wait_for_image_build
 

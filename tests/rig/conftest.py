@@ -18,6 +18,7 @@ import yaml
 from tests.support import REPO
 
 DEFAULTS = yaml.safe_load((REPO / "roles/llama_server/defaults/main.yml").read_text())
+IMAGE_DEFAULTS = yaml.safe_load((REPO / "roles/llamacpp_image/defaults/main.yml").read_text())
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
 
 REQUEST = (

@@ -2,7 +2,8 @@
 
     pytest tests/rig/test_nvidia.py --hosts='ansible://gpu_rigs' --ansible-inventory=inventory/hosts.yml
 
-A host without /dev/nvidiactl (a sandbox, CI's containers) skips every check with the reason.
+A host the inventory gives no GPU (a sandbox, CI's containers) skips every check with the reason; a GPU rig
+without /dev/nvidiactl fails.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ QUERY = "nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --f
 def gpu_rig(host):
     hostvars = host.ansible.get_variables()
     name = hostvars.get("inventory_hostname", host.backend.get_hostname())
-    if not host.file("/dev/nvidiactl").exists:
-        pytest.skip(f"no NVIDIA GPU on {name}: /dev/nvidiactl is absent (container or no driver loaded)")
-    return host, hostvars
+    if host.file("/dev/nvidiactl").exists:
+        return host, hostvars
+    if "gpu_rigs" in hostvars.get("group_names", []) or hostvars.get("rig_gpu"):
+        # A rig the inventory says has a GPU must show it: a missing device is the failure this suite exists for.
+        pytest.fail(f"{name} is a GPU rig (gpu_rigs / rig_gpu) but /dev/nvidiactl is absent: no driver loaded")
+    pytest.skip(f"{name} has no GPU by inventory (not in gpu_rigs, no rig_gpu): the GPU checks do not apply")
 
 
 def setting(hostvars: dict, key: str):

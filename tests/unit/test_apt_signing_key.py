@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from ansible.module_utils.openpgp_key import KeyFileError, normalise_fingerprint, primary_fingerprints
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,3 +109,65 @@ def test_module_installs_the_pinned_key_and_refuses_another(keys: dict[str, Any]
     assert short["failed"] and "not key ids" in short["msg"]
     missing = run_module({"url": f"{served}/nope.asc", "fingerprints": pinned, "dest": str(tmp_path / "x.asc")})
     assert missing["failed"] and "HTTP 404" in missing["msg"] and not (tmp_path / "x.asc").exists()
+
+
+# The NVIDIA repositories' keys (issue 15, item 7): each role pins its key in its defaults and passes the
+# variable's name, so a substituted key is refused with a message naming the variable and both fingerprints.
+NVIDIA_PINS = {
+    "nvidia_container_toolkit": (
+        "nvidia_container_toolkit_repo_key_fingerprints",
+        "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+    ),
+    "cuda": ("cuda_repo_key_fingerprints", "EB693B3035CD5710E231E123A4B469963BF863CC"),
+    "nvidia_driver": ("nvidia_driver_cuda_repo_key_fingerprints", "EB693B3035CD5710E231E123A4B469963BF863CC"),
+}
+
+
+@pytest.mark.parametrize("role", sorted(NVIDIA_PINS))
+def test_nvidia_role_pins_refuse_another_key(role: str, keys: dict[str, Any], served: str, tmp_path: Path) -> None:
+    variable, fingerprint = NVIDIA_PINS[role]
+    defaults = yaml.safe_load((REPO / "roles" / role / "defaults/main.yml").read_text())
+    assert defaults[variable] == [fingerprint]  # pinned in the role's defaults, the full fingerprint
+    dest = tmp_path / "nvidia.asc"
+    dest.write_bytes(b"the key installed by an earlier run\n")
+    refused = run_module(
+        {
+            "url": f"{served}/vendor.asc",  # a real key, but not NVIDIA's
+            "fingerprints": defaults[variable],
+            "fingerprints_variable": variable,
+            "dest": str(dest),
+        }
+    )
+    assert refused["failed"], refused
+    assert variable in refused["msg"] and fingerprint in refused["msg"] and keys["vendor"] in refused["msg"]
+    assert dest.read_bytes() == b"the key installed by an earlier run\n"  # untouched
+    # The same variable pinned to the key that is served: installed.
+    accepted = run_module(
+        {
+            "url": f"{served}/vendor.asc",
+            "fingerprints": [keys["vendor"]],
+            "fingerprints_variable": variable,
+            "dest": str(dest),
+        }
+    )
+    assert not accepted.get("failed"), accepted.get("msg")
+    assert dest.read_bytes() == (keys["dir"] / "vendor.asc").read_bytes()
+
+
+def test_role_tasks_install_the_key_before_the_repository_that_trusts_it() -> None:
+    """Each role fetches its key with apt_signing_key into the very file its repository names as signed_by."""
+    task_files = {
+        "docker": "roles/docker/tasks/setup-Debian.yml",
+        "nvidia_container_toolkit": "roles/nvidia_container_toolkit/tasks/setup-Debian.yml",
+        "cuda": "roles/cuda/tasks/main.yml",
+        "nvidia_driver": "roles/nvidia_driver/tasks/setup-Debian.yml",
+    }
+    for role, path in task_files.items():
+        tasks = yaml.safe_load((REPO / path).read_text())
+        names = [next(k for k in task if k not in ("name", "when", "register", "tags")) for task in tasks]
+        fetch = names.index("apt_signing_key")
+        repo = names.index("ansible.builtin.deb822_repository")
+        assert fetch < repo, role
+        key_task, repo_task = tasks[fetch]["apt_signing_key"], tasks[repo]["ansible.builtin.deb822_repository"]
+        assert key_task["dest"] == repo_task["signed_by"], role
+        assert key_task.get("fingerprints_variable"), role

@@ -14,8 +14,9 @@ from typing import Any
 
 import jsonschema
 import pytest
-from ansible.module_utils.bench_report import ReportError, build_report, decide, schedule, scores
-from ansible.module_utils.bench_tune import current_setting, latest_report, tune
+
+from rigkit.bench_report import ReportError, build_report, decide, schedule, scores
+from rigkit.bench_tune import current_setting, latest_report, tune
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "roles/llama_bench/files/bench-report.schema.json").read_text())

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import sys
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.fleet_status import render, rows
 from ansible.module_utils.rig_lock import LockError, differences, entry_from_deployed, read_lock, update_lock
+
+from rigkit.fleet_status import render, rows
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
@@ -108,11 +108,9 @@ def test_check_mode_writes_nothing(tmp_path):
 
 
 def _write(path: str, host: str) -> None:
-    sys.path.insert(0, str(REPO / "module_utils"))
-    import ansible.module_utils
-
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
     from ansible.module_utils.rig_lock import update_lock as write
+
+    import rigkit  # noqa: F401  (a fresh process: wire module_utils/ first)
 
     write(path, host, {"n": host})
 

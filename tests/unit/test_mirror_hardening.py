@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.model_mirror import MirrorError, ModelMirror, escape_log, resolve_request_path
+
+from rigkit.model_mirror import MirrorError, ModelMirror, escape_log, resolve_request_path
 
 REPO = Path(__file__).resolve().parents[2]
 RIGKIT = [sys.executable, str(REPO / "bin" / "rigkit"), "mirror"]

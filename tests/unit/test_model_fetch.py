@@ -40,9 +40,9 @@ from ansible.module_utils.model_fetch import (
     record_path,
 )
 
-from tests.fixtures.gemma3_270m import SHA256 as GEMMA3_SHA256
+from rigkit.sandbox.gemma3_270m import SHA256 as GEMMA3_SHA256
+from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 from tests.fixtures.hf_standin import Fault, HfStandin, make_tls_files
-from tests.fixtures.tiny_gemma4 import write_arch_gguf
 from tests.support import unavailable
 
 REPO = Path(__file__).resolve().parents[2]

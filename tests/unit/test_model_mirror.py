@@ -1,4 +1,4 @@
-"""module_utils/model_mirror.py (the read-only resolve/ mirror) and `bin/rigkit mirror` (detached start/stop)."""
+"""rigkit/model_mirror.py (the read-only resolve/ mirror) and `bin/rigkit mirror` (detached start/stop)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 from ansible.module_utils.model_fetch import FetchOptions, fetch_model
-from ansible.module_utils.model_mirror import MirrorError, ModelMirror, resolve_request_path
 
-from tests.fixtures.tiny_gemma4 import write_arch_gguf
+from rigkit.model_mirror import MirrorError, ModelMirror, resolve_request_path
+from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 RIGKIT = [sys.executable, str(REPO / "bin" / "rigkit")]

@@ -1,4 +1,4 @@
-"""`make pin` / `rigkit pin` (module_utils/model_pin.py) against the Hugging Face stand-in, on a copy of the catalog."""
+"""`make pin` / `rigkit pin` (rigkit/model_pin.py) against the Hugging Face stand-in, on a copy of the catalog."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible.module_utils import model_pin
 from ansible.module_utils.http_client import UrlRefused, next_hop
-from ansible.module_utils.model_pin import PinError, pin_entry, pin_host
 
+from rigkit import model_pin
+from rigkit.model_pin import PinError, pin_entry, pin_host
 from tests.fixtures.hf_standin import HfStandin, make_tls_files
 from tests.support import recap, run
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.module_utils.model_mirror import ModelMirror
+
+from rigkit.model_mirror import ModelMirror
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.module_utils.model_mirror import ModelMirror
 
-from tests.fixtures.sandbox_hub import build_hub
+from rigkit.model_mirror import ModelMirror
+from rigkit.sandbox.hub import build_hub
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG_FILE = REPO / "inventory" / "group_vars" / "all" / "model_catalog.yml"

@@ -8,6 +8,7 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import jinja2
 import pytest
 import yaml
 
@@ -61,9 +62,23 @@ def pinned(version: str, *names: str) -> list[str]:
     return [f"{name}={version}-*" for name in names]
 
 
-def nvidia_repo(dist: str) -> dict:
+CUDA_KEY_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"  # NVIDIA's 3bf863cc
+TOOLKIT_KEY_FINGERPRINT = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
+
+
+def nvidia_repo(dist: str, variable: str = "nvidia_driver_cuda_repo_key_fingerprints") -> dict:
+    """NVIDIA's CUDA repository, signed by a key file the kit installs only when its fingerprint is pinned."""
     url = CUDA_REPO.format(dist=dist)
-    return {"name": "nvidia-cuda", "uris": [url], "suites": ["/"], "components": [], "signed_by": url + "3bf863cc.pub"}
+    return {
+        "name": "nvidia-cuda",
+        "uris": [url],
+        "suites": ["/"],
+        "components": [],
+        "signed_by": "/etc/apt/keyrings/nvidia-cuda.asc",
+        "key_url": url + "3bf863cc.pub",
+        "key_fingerprints": [CUDA_KEY_FINGERPRINT],
+        "key_fingerprints_variable": variable,
+    }
 
 
 def debian_nonfree(release: str) -> dict:
@@ -287,7 +302,10 @@ def test_toolkit_packages_repository_and_runtime(dist):
         "uris": ["https://nvidia.github.io/libnvidia-container/stable/deb/amd64"],
         "suites": ["/"],
         "components": [],
-        "signed_by": "https://nvidia.github.io/libnvidia-container/gpgkey",
+        "signed_by": "/etc/apt/keyrings/nvidia-container-toolkit.asc",
+        "key_url": "https://nvidia.github.io/libnvidia-container/gpgkey",
+        "key_fingerprints": [TOOLKIT_KEY_FINGERPRINT],
+        "key_fingerprints_variable": "nvidia_container_toolkit_repo_key_fingerprints",
     }
     runtime = {"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}
     assert plan["daemon_settings"] == runtime
@@ -325,7 +343,7 @@ def test_cuda_packages_repository_and_nvcc(dist):
         "packages": ["cuda-toolkit-12-8"],
         "holds": ["cuda-toolkit-12-8"],
         "nvcc": "/usr/local/cuda-12.8/bin/nvcc",
-        "repository": nvidia_repo(dist),
+        "repository": nvidia_repo(dist, "cuda_repo_key_fingerprints"),
     }
 
 
@@ -379,7 +397,7 @@ RIG_CUDA_EXPECTED = {
         "packages": ["cuda-toolkit-12-8"],
         "holds": ["cuda-toolkit-12-8"],
         "nvcc": "/usr/local/cuda-12.8/bin/nvcc",
-        "repository": nvidia_repo("ubuntu2404"),
+        "repository": nvidia_repo("ubuntu2404", "cuda_repo_key_fingerprints"),
     },
 }
 UNATTENDED_BLACKLIST = [
@@ -459,7 +477,9 @@ def test_rig_toolkit_and_cuda_plans(rig_plans, path, rig):
     assert toolkit["holds"] == TOOLKIT_PACKAGES
     assert toolkit["repository"]["uris"] == ["https://nvidia.github.io/libnvidia-container/stable/deb/amd64"]
     assert toolkit["repository"]["suites"] == ["/"]
-    assert toolkit["repository"]["signed_by"] == "https://nvidia.github.io/libnvidia-container/gpgkey"
+    assert toolkit["repository"]["signed_by"] == "/etc/apt/keyrings/nvidia-container-toolkit.asc"
+    assert toolkit["repository"]["key_url"] == "https://nvidia.github.io/libnvidia-container/gpgkey"
+    assert toolkit["repository"]["key_fingerprints"] == [TOOLKIT_KEY_FINGERPRINT]
     assert toolkit["daemon_settings"] == {"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}
     # What the cuda role would install if the rig set rig_wants_cuda (it follows the driver's source).
     assert rig_plans[path][rig]["cuda"] == RIG_CUDA_EXPECTED[path]
@@ -490,7 +510,10 @@ def test_provision_play_orders_the_nvidia_roles_with_gpu_conditions():
     plays = yaml.safe_load((REPO / "playbooks/provision.yml").read_text())
     play = next(play for play in plays if play.get("name") == "Provision the rigs, one at a time")
     assert play["hosts"] == "rigs"
-    assert play["serial"] == 1 and play["max_fail_percentage"] == 0  # rolling: stop at the first failed rig
+    # rolling: one rig at a time, stop at the first failed rig; in check mode (make check) every rig at once
+    serial = jinja2.Template(str(play["serial"]))
+    assert serial.render(ansible_check_mode=False) == "1" and serial.render(ansible_check_mode=True) == "0"
+    assert play["max_fail_percentage"] == 0
     assert [(entry["role"], entry.get("when")) for entry in play["roles"]] == [
         ("nvidia_driver", "rig_kind == 'gpu'"),  # before Docker: it may reboot the rig
         ("docker", None),

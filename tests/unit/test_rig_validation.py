@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fixtures.tiny_gemma4 import write_pair
+from rigkit.sandbox.tiny_gemma4 import write_pair
 from tests.support import REPO, run
 
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
@@ -442,7 +442,7 @@ def _inventory_values(host_file: Path, groups: list[str]) -> dict:
 )
 def test_the_kits_own_rigs_have_no_problem(host_file, group):
     """No false refusal: every variable the kit's inventory (and the README's example rig) sets is declared."""
-    from ansible.module_utils.rig_validate import Sources, load_specs, rig_problems
+    from rigkit.rig_validate import Sources, load_specs, rig_problems
 
     values = _inventory_values(host_file, [group])
     sources = Sources(str(REPO / "inventory"), host_file.stem, [group, "rigs"])
@@ -454,8 +454,9 @@ def test_the_kits_own_rigs_have_no_problem(host_file, group):
 
 def test_cache_type_choices_are_llama_cpps_list():
     """The spec's choices are the one list; they must be what the preflight's memory model knows."""
-    from ansible.module_utils.rig_validate import load_specs
     from ansible.module_utils.server_preflight import CACHE_TYPES
+
+    from rigkit.rig_validate import load_specs
 
     options = load_specs(str(REPO / "roles"))["llama_server"]["main"]
     for name in ("llama_server_cache_type_k", "llama_server_cache_type_v"):
@@ -464,7 +465,7 @@ def test_cache_type_choices_are_llama_cpps_list():
 
 def test_every_role_default_with_a_kit_prefix_is_declared():
     """A role default that no spec declares would be refused when a rig sets it: specs and defaults stay in sync."""
-    from ansible.module_utils.rig_validate import declared_variables, load_specs
+    from rigkit.rig_validate import declared_variables, load_specs
 
     declared = declared_variables(load_specs(str(REPO / "roles")))
     undeclared = []
@@ -493,7 +494,7 @@ def test_tags_select_a_role_for_real_and_never_skip_validation():
 
 
 def test_a_secret_is_never_shown_in_a_refusal():
-    from ansible.module_utils.rig_validate import Sources, load_specs, rig_problems
+    from rigkit.rig_validate import Sources, load_specs, rig_problems
 
     values = _inventory_values(REPO / "inventory/host_vars/desktop3050.yml", ["gpu_rigs"])
     values.update(models_hf_tokn="hf_secret123", llama_server_api_kye="hunter2")
@@ -510,7 +511,7 @@ def test_a_secret_is_never_shown_in_a_refusal():
 
 def test_the_file_named_is_the_one_that_set_the_value():
     """Later inventory sources override earlier ones, inline host variables count, and --extra-vars says so."""
-    from ansible.module_utils.rig_validate import Sources
+    from rigkit.rig_validate import Sources
 
     broken = REPO / "tests/integration/inventories/rollout-broken"
     sources = Sources([str(REPO / "inventory/hosts.yml"), str(broken)], "sandbox-mtp", ["sandbox_rigs", "rigs"])
@@ -526,7 +527,7 @@ def test_context_beyond_the_catalogs_trained_context_is_refused():
     """Where the catalog records the target's shape (make discover), no cached file is needed for the limit."""
     import copy
 
-    from ansible.module_utils.rig_validate import Sources, load_specs, rig_problems
+    from rigkit.rig_validate import Sources, load_specs, rig_problems
 
     catalog = copy.deepcopy(CATALOG)
     catalog["tiny-gemma4-target"]["shape"] = {"context_length": 1024}

@@ -1,4 +1,4 @@
-"""tests/fixtures/sandbox_hub.py: the sandbox's stand-in hub matches the catalog's pins, idempotently."""
+"""rigkit/sandbox/hub.py: the sandbox's stand-in hub matches the catalog's pins, idempotently."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fixtures.sandbox_hub import CATALOG, HubError, build_hub
+from rigkit.sandbox.hub import CATALOG, HubError, build_hub
 
 TINY = ["tiny-gemma4-target", "tiny-gemma4-assistant"]
 

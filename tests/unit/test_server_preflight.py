@@ -33,7 +33,7 @@ from ansible.module_utils.server_preflight import (
 )
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
-from tests.fixtures.tiny_gemma4 import TARGET_SHAPE, write_pair
+from rigkit.sandbox.tiny_gemma4 import TARGET_SHAPE, write_pair
 
 REPO = Path(__file__).resolve().parents[2]
 Q4_0 = GGMLQuantizationType.Q4_0

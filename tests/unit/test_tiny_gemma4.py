@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from tests.fixtures.tiny_gemma4 import (
+from rigkit.sandbox.tiny_gemma4 import (
     CYCLE,
     CYCLE_TEXT,
     DRAFTER_SHAPE,

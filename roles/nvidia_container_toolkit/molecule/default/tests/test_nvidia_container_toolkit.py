@@ -27,6 +27,8 @@ def test_no_toolkit_packages_faked(host):
     for name in ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container1"):
         assert not host.package(name).is_installed
     assert not host.file("/etc/apt/sources.list.d/nvidia-container-toolkit.sources").exists
+    # No key either: the pinned key is fetched only with the packages (unreachable here).
+    assert not host.file("/etc/apt/keyrings/nvidia-container-toolkit.asc").exists
 
 
 def test_no_cdi_spec_without_a_gpu(host):

@@ -30,6 +30,9 @@ def test_nonfree_sources_signed(host):
     assert fields["Suites"].split() == ["bookworm", "bookworm-updates"]
     assert fields["Components"].split() == ["contrib", "non-free", "non-free-firmware"]
     assert fields["Signed-By"] == "/usr/share/keyrings/debian-archive-keyring.gpg"
+    # The distro source fetches no NVIDIA key and writes no NVIDIA repository.
+    assert not host.file("/etc/apt/keyrings/nvidia-cuda.asc").exists
+    assert not host.file("/etc/apt/sources.list.d/nvidia-cuda.sources").exists
 
 
 def test_nouveau_blacklisted(host):

@@ -429,7 +429,7 @@ def _choose_gpu(facts: Facts, vram_override: int | None) -> Gpu:
         if facts.unknown_nvidia:
             lines = "\n  ".join(facts.unknown_nvidia)
             raise DiscoverError(
-                f"found an NVIDIA GPU whose PCI ID is not in the kit's table (module_utils/rig_discovery.py "
+                f"found an NVIDIA GPU whose PCI ID is not in the kit's table (rigkit/rig_discovery.py "
                 f"PCI_GPUS) and no working driver to ask:\n  {lines}\nAdd its ID with name, memory sizes and "
                 "compute capability to PCI_GPUS, or install the driver (nvidia-smi) and run make discover again"
             )
@@ -607,7 +607,7 @@ def plan_profile(
         memory = f"VRAM ({budget:,} MiB)"
 
     comments["models_target"] = (
-        f"Models: the catalog pair for {rig_class} (module_utils/rig_discovery.py "
+        f"Models: the catalog pair for {rig_class} (rigkit/rig_discovery.py "
         f"{'RIG_CLASSES' if kind == 'gpu' else 'CPU_PAIR, as inventory/host_vars/sandbox.yml'}; "
         "inventory/group_vars/all/model_catalog.yml)"
     )

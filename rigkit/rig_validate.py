@@ -25,8 +25,9 @@ from typing import Any
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.model_catalog import CATALOG_PATH
+from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.module_utils.server_preflight import PreflightError, preflight
+from ansible.module_utils.server_preflight import PreflightError, check_container_memory, preflight
 
 # Variable-name prefixes owned by the kit: such a variable must be declared somewhere.
 PREFIXES = (
@@ -146,6 +147,14 @@ RANGES: dict[str, tuple[int, int | None, str]] = {
     "llama_server_stop_timeout": POSITIVE,
     "llama_server_memory_budget_mib": POSITIVE,
     "llama_server_memory_headroom_mib": NON_NEGATIVE,
+    "llama_server_container_memory_margin_mib": NON_NEGATIVE,
+    "llama_server_container_memory_floor_mib": NON_NEGATIVE,
+    "llama_server_container_pids_limit": (
+        64,
+        None,
+        "64 or more (llama-server runs a thread per core and its HTTP workers)",
+    ),
+    "llama_server_container_log_max_file": (1, 999, "1-999 rotated files"),
     "models_fetch_retries": NON_NEGATIVE,
     "models_mirror_port": PORT,
     "models_sandbox_hub_port": PORT,
@@ -165,6 +174,9 @@ RANGES: dict[str, tuple[int, int | None, str]] = {
     "container_harness_rig_boot_timeout": POSITIVE,
 }
 GPU_LAYER_VARIABLES = ("llama_server_gpu_layers", "llama_server_gpu_layers_draft")
+# docker's --log-opt max-size: a number and a unit (k, m, g).
+LOG_SIZE_RE = re.compile(r"^[1-9][0-9]{0,5}[kmg]$")
+MIN_CONTAINER_MEMORY_MIB = 256
 
 Specs = dict[str, dict[str, dict[str, Any]]]
 # Values never shown in a message: no_log options and anything named like a secret.
@@ -416,6 +428,39 @@ def _check_gpu_layers(report: Report, name: str, value: Any) -> None:
         report.add(name, value, 'expected "all", "auto" or a number of layers >= 0')
 
 
+def _check_container_limits(report: Report, values: Mapping[str, Any]) -> None:
+    memory = values.get("llama_server_container_memory_mib")
+    if memory is not None and str(memory).strip().lower() != "auto":
+        number = memory if _is_int(memory) else (int(memory) if str(memory).strip().isdigit() else None)
+        if number is None or number < MIN_CONTAINER_MEMORY_MIB:
+            report.add(
+                "llama_server_container_memory_mib",
+                memory,
+                f"expected auto (derived from the preflight estimate) or MiB >= {MIN_CONTAINER_MEMORY_MIB}",
+            )
+    networks = values.get("llama_server_allowed_networks")
+    if networks:
+        try:
+            normalise_networks(networks)
+        except AllowListError as exc:
+            detail = str(exc).removeprefix("llama_server_allowed_networks: ")
+            report.add("llama_server_allowed_networks", networks, f"{detail} (each entry a network in CIDR form)")
+        else:
+            host = values.get("llama_server_host")
+            if isinstance(host, str) and _is_loopback(host):
+                report.add(
+                    "llama_server_allowed_networks",
+                    networks,
+                    f"llama_server_host is {host}, so no other machine can connect: set llama_server_host to the "
+                    "rig's LAN address (with llama_server_api_key), or leave the allow-list empty",
+                )
+    size = values.get("llama_server_container_log_max_size")
+    if size is not None and not LOG_SIZE_RE.match(str(size)):
+        report.add(
+            "llama_server_container_log_max_size", size, "expected a size such as 10m (a number, then k, m or g)"
+        )
+
+
 def _check_rig_gpu(report: Report, rig_gpu: Any) -> None:
     if not isinstance(rig_gpu, Mapping):
         report.add("rig_gpu", rig_gpu, f"expected a mapping with {', '.join(RIG_GPU_FIELDS)}")
@@ -496,6 +541,7 @@ def _check_rules(report: Report, values: Mapping[str, Any], catalog: Any) -> Non
     for name in GPU_LAYER_VARIABLES:
         if name in values:
             _check_gpu_layers(report, name, values[name])
+    _check_container_limits(report, values)
     n_min, n_max = values.get("llama_server_spec_draft_n_min"), values.get("llama_server_spec_draft_n_max")
     if _is_int(n_min) and _is_int(n_max) and n_min > n_max:
         report.add("llama_server_spec_draft_n_min", n_min, f"expected at most llama_server_spec_draft_n_max ({n_max})")
@@ -699,7 +745,15 @@ def controller_preflight(
         if "llama_server_ctx_size" in values
         else sources.file_of("models_target")
     )
-    return [f"{where}: {problem} (controller preflight on the cached GGUF headers)" for problem in result.problems]
+    problems = [f"{where}: {problem} (controller preflight on the cached GGUF headers)" for problem in result.problems]
+    memory = values.get("llama_server_container_memory_mib")
+    if result.estimate is not None and memory is not None and str(memory).strip().isdigit():
+        problems += [
+            f"{sources.file_of('llama_server_container_memory_mib', memory)}: {problem} (controller preflight on the "
+            "cached GGUF headers)"
+            for problem in check_container_memory(result.estimate, int(str(memory).strip()))
+        ]
+    return problems
 
 
 ValueGetter = Callable[[str], Any]

@@ -1,0 +1,42 @@
+"""rigkit: the command line behind the Makefile's targets (each subcommand lives in its own module here).
+
+rigkit check-host NAME   exit 0 when NAME is a rig in the inventory, else list the known rigs
+rigkit hosts             list the rigs
+rigkit pin --host RIG    pin every model the rig needs (target and drafter) that is not pinned yet
+rigkit pin NAME          pin one catalog entry (revision, sha256, size): with a trusted sha256 in the entry,
+                         the newest commit of main holding exactly that file; without one, what main holds
+rigkit pin NAME REVISION record a catalog entry's sha256 and size from the Hugging Face API
+rigkit mirror --root DIR --bind ADDR --port N --pidfile F --logfile F [--secret-file F --allow P ...] [--stop]
+                         start (detached) or stop a read-only model mirror in the resolve/ layout
+rigkit bench-render --out-dir DIR
+                         build a bench report from the raw steps on stdin, check it against its schema, plot it
+rigkit bench-report [--host NAME]
+                         a table of past bench runs
+rigkit tune NAME [--report PATH]
+                         apply the best measured draft length to the host's variables (when it beats the noise)
+rigkit status [--limit RIGS] [--json]
+                         read back every rig and print one table (exit 3: a rig unreachable)
+rigkit drift --limit RIGS
+                         the provision in check + diff mode; exit 2 when a rig differs from the repo
+rigkit sandbox-hub --root DIR [--only NAME,...]
+                         lay out the sandbox rigs' models (the embedded default's stand-in Hugging Face)
+rigkit discover NAME ADDRESS [--user USER] [--force] [--vram MIB] [--max-ctx N]
+                         read a machine (SSH, or docker:CONTAINER for a sandbox rig), write its host profile
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rigkit import mirror_daemon
+from rigkit.cli import bench, discover, fleet, inventory, pin
+from rigkit.sandbox import hub
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rigkit", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (inventory, pin, mirror_daemon, hub, bench, fleet, discover):
+        module.register(commands)
+    args = parser.parse_args(argv)
+    return args.func(args)

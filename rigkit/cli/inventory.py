@@ -1,0 +1,51 @@
+"""`rigkit hosts` and `rigkit check-host`: which rigs the inventory names (make's host= guard)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rigkit.paths import inventory_sources
+
+
+def known_rigs() -> list[str]:
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    manager = InventoryManager(loader=DataLoader(), sources=inventory_sources())
+    return sorted(host.name for host in manager.get_hosts("rigs"))
+
+
+def inventory_yaml_errors() -> list[str]:
+    """file:line:column of each YAML syntax error in the inventory (Ansible's own message hides the mark)."""
+    from rigkit.rig_validate import inventory_yaml_errors as errors
+
+    return errors(os.path.dirname(source) if os.path.isfile(source) else source for source in inventory_sources())
+
+
+def check_host(name: str) -> int:
+    yaml_errors = inventory_yaml_errors()
+    if yaml_errors:
+        print("\n".join(f"rigkit: {error}" for error in yaml_errors), file=sys.stderr)
+        return 2
+    rigs = known_rigs()
+    wanted = [part for part in name.split(",") if part]
+    unknown = [part for part in wanted if part not in rigs and part not in ("rigs", "gpu_rigs", "sandbox_rigs")]
+    if not wanted or unknown:
+        print(
+            f"rigkit: unknown host {', '.join(unknown) or repr(name)}. Known rigs: {', '.join(rigs)}.\n"
+            "Add a rig with make discover host=NAME address=HOST (or one line in inventory/hosts.yml and a file in "
+            "inventory/host_vars/, see README).",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    check = commands.add_parser("check-host", help="fail unless NAME (or a comma list) names rigs of the inventory")
+    check.add_argument("name")
+    check.set_defaults(func=lambda args: check_host(args.name))
+    hosts = commands.add_parser("hosts", help="list the rigs")
+    hosts.set_defaults(func=lambda _args: print("\n".join(known_rigs())) or 0)

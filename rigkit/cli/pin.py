@@ -1,0 +1,123 @@
+"""`rigkit pin` (make pin): pin catalog entries from the Hugging Face API (logic in rigkit/model_pin.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rigkit.cli.inventory import known_rigs
+from rigkit.paths import CATALOG, inventory_sources
+
+
+def host_model_names(host: str) -> list[str]:
+    """models_target and models_drafter of ``host`` as the inventory gives them (templated)."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=inventory_sources())
+    found = inventory.get_host(host)
+    if found is None:
+        raise LookupError(f"unknown host {host}. Known rigs: {', '.join(known_rigs())}")
+    variables = VariableManager(loader=loader, inventory=inventory).get_vars(host=found)
+    templar = Templar(loader=loader, variables=variables)
+    return [
+        str(templar.template(variables[key]))
+        for key in ("models_target", "models_drafter")
+        if variables.get(key) not in (None, "")
+    ]
+
+
+def _print_pin(result: object) -> None:
+    from rigkit.model_pin import PinResult
+
+    assert isinstance(result, PinResult)
+    where = f"{result.repo} @ {result.revision} : {result.filename}"
+    if result.anchored:
+        via = result.resolved_from or result.revision
+        print(
+            f"{result.name}: the trusted sha256 is held by commit {result.revision} "
+            f"(newest of {via}, {result.walked} commit(s) looked at)"
+        )
+    elif result.resolved_from:
+        print(f"{result.resolved_from} of {result.repo} is commit {result.revision}; pinning the commit")
+    if not result.changed:
+        print(f"{result.name}: already pinned to {where} (sha256 {result.sha256}, {result.size} bytes); nothing to do")
+        return
+    print(f"{result.name}: pinned {where}\n  sha256 {result.sha256}\n  size   {result.size}\n  in {result.catalog}")
+
+
+def pin(args: argparse.Namespace) -> int:
+    from rigkit.model_pin import PinError, pin_entry, pin_host
+
+    token = os.environ.get("HF_TOKEN") or None
+    revision = args.revision_opt or args.revision
+    common = {
+        "catalog_path": args.catalog,
+        "endpoint": args.endpoint,
+        "token": token,
+        "allow_insecure_http": args.allow_insecure_http,
+    }
+    if bool(args.name) == bool(args.host):
+        print(
+            "rigkit pin: give a model or a rig: make pin model=NAME [revision=REF] | make pin host=RIG", file=sys.stderr
+        )
+        return 2
+    try:
+        if args.host:
+            if revision or args.force:
+                print(
+                    "rigkit pin: revision= and force= apply to one model: make pin model=NAME revision=REF [force=1]",
+                    file=sys.stderr,
+                )
+                return 2
+            try:
+                names = host_model_names(args.host)
+            except LookupError as exc:
+                print(f"rigkit pin: {exc}", file=sys.stderr)
+                return 2
+            done, already = pin_host(args.host, names, **common)
+            for result in done:
+                _print_pin(result)
+            for name in already:
+                print(f"{name}: already pinned")
+            print(
+                f"{args.host}: every model it needs is pinned ({', '.join(names)}); next: make check host={args.host}"
+            )
+            return 0
+        _print_pin(pin_entry(args.name, revision or None, force=args.force, **common))
+    except PinError as exc:
+        print(f"rigkit pin: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    pin_cmd = commands.add_parser(
+        "pin", help="pin a catalog entry (or every unpinned model of a rig) from the Hugging Face API"
+    )
+    pin_cmd.add_argument("name", nargs="?", help="catalog entry name (or --host)")
+    pin_cmd.add_argument(
+        "revision",
+        nargs="?",
+        help="branch, tag or commit (default: main); with a trusted sha256 the walk of its commits starts there",
+    )
+    pin_cmd.add_argument("--revision", dest="revision_opt", metavar="REF", help="the same as REVISION")
+    pin_cmd.add_argument("--host", help="pin every model this rig needs (target and drafter) that is not pinned yet")
+    pin_cmd.add_argument("--catalog", default=str(CATALOG), help="catalog file (default: %(default)s)")
+    pin_cmd.add_argument(
+        "--endpoint",
+        default=os.environ.get("HF_ENDPOINT") or "https://huggingface.co",
+        help="Hugging Face endpoint (default: $HF_ENDPOINT or %(default)s); the token comes from $HF_TOKEN",
+    )
+    pin_cmd.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing, different pin; with a trusted sha256, pin what REVISION holds instead of the walk",
+    )
+    pin_cmd.add_argument("--allow-insecure-http", action="store_true", help="accept a plain http:// local endpoint")
+
+    pin_cmd.set_defaults(func=pin)

@@ -1,0 +1,267 @@
+"""The model mirror as a detached process: start it (wait until it answers), serve, stop it by its pidfile.
+
+`rigkit mirror` (playbooks/models.yml) starts one per run; the HTTP side is rigkit/model_mirror.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from rigkit.model_mirror import MirrorError, ModelMirror
+from rigkit.paths import RIGKIT_BIN
+
+MIRROR_START_TIMEOUT_S = 30.0
+MIRROR_STOP_TIMEOUT_S = 15.0
+
+
+def _read_pid(pidfile: pathlib.Path) -> int | None:
+    try:
+        return int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_our_mirror(pid: int) -> bool:
+    """Alive, not a zombie, and a `rigkit mirror` process (a recycled pid is never signalled)."""
+    try:
+        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and b"mirror" in cmdline and any(part.endswith(b"rigkit") for part in cmdline)
+
+
+def _stop_mirror(pidfile: pathlib.Path) -> bool:
+    """Stop the mirror of ``pidfile``; True when one was running."""
+    pid = _read_pid(pidfile)
+    running = pid is not None and _is_our_mirror(pid)
+    if running:
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + MIRROR_STOP_TIMEOUT_S
+        while _is_our_mirror(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _is_our_mirror(pid):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(FileNotFoundError):
+        pidfile.unlink()
+    return running
+
+
+def _answers(host: str, port: int) -> bool:
+    if host in ("0.0.0.0", ""):  # noqa: S104 - naming the wildcard, not binding it
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _log_tail(logfile: pathlib.Path, lines: int = 5) -> str:
+    try:
+        return "\n".join(logfile.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _ansible_run_pid() -> int | None:
+    """The outermost ansible-playbook process above this one (its forked workers share its command line)."""
+    found = None
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3]
+            ppid = int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        if any(os.path.basename(part) == b"ansible-playbook" for part in cmdline):
+            found = pid
+        pid = ppid
+    return found
+
+
+def _write_secret(path: pathlib.Path) -> None:
+    """A fresh random secret for this run, readable by this user only (never on a command line or in a log)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_urlsafe(24) + "\n")
+
+
+def mirror(args: argparse.Namespace) -> int:
+    pidfile = pathlib.Path(args.pidfile).absolute()
+    if args.stop:
+        was_running = _stop_mirror(pidfile)
+        print(json.dumps({"changed": was_running, "stopped": was_running, "pidfile": str(pidfile)}))
+        return 0
+    if args.foreground:
+        return _serve(args, pidfile)
+    if args.watch_ansible:
+        args.watch_pid = _ansible_run_pid()
+        if args.watch_pid is None:
+            print(
+                "rigkit mirror: --watch-ansible, but no ansible-playbook process started this command", file=sys.stderr
+            )
+            return 1
+    replaced = _stop_mirror(pidfile)  # a mirror left by an interrupted run: start afresh
+    logfile = pathlib.Path(args.logfile).absolute()
+    for path in (pidfile, logfile):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if args.secret_file:
+        _write_secret(pathlib.Path(args.secret_file).absolute())
+    ready_r, ready_w = os.pipe()
+    argv = [sys.executable, str(RIGKIT_BIN), "mirror", "--foreground", "--ready-fd", str(ready_w)]
+    args.bind = args.bind or ["127.0.0.1"]
+    for address in args.bind:
+        argv += ["--bind", address]
+    options = ("root", "port", "pidfile", "logfile", "idle_timeout", "max_age", "watch_pid", "stats_file")
+    for option in (*options, "secret_file"):
+        value = getattr(args, option)
+        if value is not None and option in ("root", "pidfile", "logfile", "stats_file", "secret_file"):
+            value = pathlib.Path(value).absolute()  # the detached process runs from /
+        if value is not None:
+            argv += [f"--{option.replace('_', '-')}", str(value)]
+    for allowed in args.allow or []:
+        argv += ["--allow", allowed]
+    with open(logfile, "ab") as log:
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(ready_w,),
+            start_new_session=True,
+            cwd="/",
+        )
+    os.close(ready_w)
+    port = None
+    try:
+        ready, _, _ = select.select([ready_r], [], [], MIRROR_START_TIMEOUT_S)
+        if ready:
+            line = os.read(ready_r, 64).decode().strip()
+            port = int(line) if line.isdigit() else None
+    finally:
+        os.close(ready_r)
+    if port is None:
+        with contextlib.suppress(ProcessLookupError):
+            child.terminate()
+        print(
+            f"rigkit mirror: the mirror did not start (see {logfile}):\n{_log_tail(logfile)}",
+            file=sys.stderr,
+        )
+        return 1
+    deadline = time.monotonic() + MIRROR_START_TIMEOUT_S
+    while not _answers(args.bind[0], port):
+        if child.poll() is not None or time.monotonic() > deadline:
+            print(f"rigkit mirror: port {port} never answered (see {logfile}):\n{_log_tail(logfile)}", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    host = f"[{args.bind[0]}]" if ":" in args.bind[0] else args.bind[0]
+    print(
+        json.dumps(
+            {
+                "changed": True,
+                "pid": child.pid,
+                "port": port,
+                "url": f"http://{host}:{port}",  # never with the secret: that stays in --secret-file
+                "secret_file": str(pathlib.Path(args.secret_file).absolute()) if args.secret_file else None,
+                "root": str(pathlib.Path(args.root).absolute()),
+                "replaced": replaced,
+            }
+        )
+    )
+    return 0
+
+
+def _serve(args: argparse.Namespace, pidfile: pathlib.Path) -> int:
+    """The detached process itself: bind, write the pidfile, tell the starter the port, serve until SIGTERM."""
+    try:
+        secret = pathlib.Path(args.secret_file).read_text().strip() if args.secret_file else None
+    except OSError as exc:
+        print(f"rigkit mirror: cannot read the secret file {args.secret_file}: {exc.strerror}", file=sys.stderr)
+        return 1
+    try:
+        server = ModelMirror(
+            args.root,
+            bind=args.bind or ["127.0.0.1"],
+            port=args.port,
+            secret=secret,
+            allow=args.allow,
+            idle_timeout=args.idle_timeout or 0.0,
+            max_age=args.max_age or 0.0,
+            watch_pid=args.watch_pid,
+            stats_file=args.stats_file,
+            log=sys.stderr,
+        )
+    except MirrorError as exc:
+        print(f"rigkit mirror: {exc}", file=sys.stderr)
+        return 1
+    tmp = pidfile.with_name(f".{pidfile.name}.{os.getpid()}")
+    tmp.write_text(f"{os.getpid()}\n")
+    tmp.replace(pidfile)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # stop from a thread: never block in a handler
+        signal.signal(signum, lambda *_: threading.Thread(target=server.stop, daemon=True).start())
+    server.start()
+    if args.ready_fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(args.ready_fd, f"{server.port}\n".encode())
+            os.close(args.ready_fd)
+    try:
+        server.wait()
+    finally:
+        server.stop()
+        if _read_pid(pidfile) == os.getpid():
+            with contextlib.suppress(FileNotFoundError):
+                pidfile.unlink()
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    mirror_cmd = commands.add_parser("mirror", help="start (detached) or stop a read-only model mirror")
+    mirror_cmd.add_argument("--root", help="directory in the <owner>/<repo>/resolve/<revision>/<file> layout")
+    mirror_cmd.add_argument(
+        "--bind", action="append", help="address to listen on, repeatable (one port for all; default: 127.0.0.1)"
+    )
+    mirror_cmd.add_argument("--port", type=int, default=0, help="port (0: any free port, printed)")
+    mirror_cmd.add_argument("--pidfile", required=True, help="pid of the running mirror")
+    mirror_cmd.add_argument("--logfile", help="its log (required to start)")
+    mirror_cmd.add_argument("--stats-file", help="write per-file byte counters here (after each file and at exit)")
+    mirror_cmd.add_argument("--idle-timeout", type=float, help="stop after this many seconds without requests")
+    mirror_cmd.add_argument("--max-age", type=float, help="stop after this many seconds, busy or not")
+    mirror_cmd.add_argument("--watch-pid", type=int, help="stop when this process exits")
+    mirror_cmd.add_argument(
+        "--watch-ansible", action="store_true", help="stop when the ansible-playbook run that started it exits"
+    )
+    mirror_cmd.add_argument(
+        "--secret-file", help="write a fresh random secret here (mode 0600); every URL must start with /<secret>/"
+    )
+    mirror_cmd.add_argument(
+        "--allow", action="append", help="serve only this <owner>/<repo>/resolve/<revision>/<file> (repeatable)"
+    )
+    mirror_cmd.add_argument("--stop", action="store_true", help="stop the mirror of --pidfile")
+    mirror_cmd.add_argument("--foreground", action="store_true", help=argparse.SUPPRESS)
+    mirror_cmd.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+    def run(args: argparse.Namespace) -> int:
+        if not args.stop and (not args.root or not args.logfile):
+            mirror_cmd.error("mirror needs --root and --logfile to start (or --stop)")
+        return mirror(args)
+
+    mirror_cmd.set_defaults(func=run)
