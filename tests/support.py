@@ -125,3 +125,40 @@ def wait_for_image_build(timeout: float = 3600.0) -> float:
                 continue
             fcntl.flock(handle, fcntl.LOCK_UN)
             return time.monotonic() - started
+
+
+def render_server_files(work: Path, hosts: dict[str, dict], extra: dict | None = None) -> tuple[Path, dict]:
+    """Run tests/unit/playbooks/render_server_files.yml for local hosts; (output dir, the JSON callback's result).
+
+    The inventory is written as JSON (JSON is YAML: newlines in values survive exactly)."""
+    import json
+    import sys
+
+    import pytest
+
+    out = work / "out"
+    out.mkdir()
+    inventory = {
+        "all": {
+            "hosts": {
+                name: {**values, "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                for name, values in hosts.items()
+            }
+        }
+    }
+    (work / "hosts.json").write_text(json.dumps(inventory))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    playbook = REPO / "tests" / "unit" / "playbooks" / "render_server_files.yml"
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(work / "hosts.json")]
+    cmd += ["-e", json.dumps({"out_dir": str(out), **(extra or {})}), str(playbook)]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    try:
+        return out, json.loads(done.stdout)
+    except ValueError:
+        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")

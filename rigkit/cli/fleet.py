@@ -11,6 +11,17 @@ import sys
 from rigkit import REPO
 
 
+def playbook_argv(playbook: str, limit: str, *extra: str) -> list[str]:
+    """ansible-playbook of this virtualenv running one of the kit's playbooks on ``limit``."""
+    return [
+        str(pathlib.Path(sys.executable).parent / "ansible-playbook"),
+        str(REPO / "playbooks" / playbook),
+        "--limit",
+        limit,
+        *extra,
+    ]
+
+
 def status(args: argparse.Namespace) -> int:
     """Run playbooks/status.yml quietly (its log kept for a failure), then print the fleet's table."""
     import tempfile
@@ -20,15 +31,7 @@ def status(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="rigkit-status-") as scratch:
         output = pathlib.Path(scratch) / "status.json"
         log = pathlib.Path(scratch) / "status.log"
-        argv = [
-            str(pathlib.Path(sys.executable).parent / "ansible-playbook"),
-            str(REPO / "playbooks" / "status.yml"),
-            "--limit",
-            args.limit,
-            "-e",
-            f"rig_status_output={output}",
-            *args.ansible_args,
-        ]
+        argv = playbook_argv("status.yml", args.limit, "-e", f"rig_status_output={output}", *args.ansible_args)
         with log.open("w") as handle:
             done = subprocess.run(argv, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, check=False)
         if not output.exists():
@@ -57,15 +60,7 @@ def drift(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
-    argv = [
-        str(pathlib.Path(sys.executable).parent / "ansible-playbook"),
-        str(REPO / "playbooks" / "provision.yml"),
-        "--limit",
-        args.limit,
-        "--check",
-        "--diff",
-        *args.ansible_args,
-    ]
+    argv = playbook_argv("provision.yml", args.limit, "--check", "--diff", *args.ansible_args)
     with tempfile.TemporaryDirectory(prefix="rigkit-drift-") as scratch:
         results_file = pathlib.Path(scratch) / "results.json"
         enabled = [name for name in os.environ.get("ANSIBLE_CALLBACKS_ENABLED", "").split(",") if name]

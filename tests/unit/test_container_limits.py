@@ -25,7 +25,8 @@ from ansible.module_utils.server_preflight import (
     host_memory_estimate,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO, render_server_files
+
 HOST_VARS = REPO / "inventory" / "host_vars"
 
 
@@ -192,28 +193,8 @@ HOSTS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory, tiny_gemma4_pair: tuple[Path, Path]) -> tuple[Path, dict]:
-    work = tmp_path_factory.mktemp("render-limits")
-    out = work / "out"
-    out.mkdir()
-    inventory = {
-        "all": {
-            "hosts": {
-                name: {**values, "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-                for name, values in HOSTS.items()
-            }
-        }
-    }
-    (work / "hosts.json").write_text(json.dumps(inventory))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
     target, drafter = tiny_gemma4_pair
     extra = {
-        "out_dir": str(out),
         "render_preflight": True,
         "render_target_path": str(target),
         "render_drafter_path": str(drafter),
@@ -222,14 +203,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory, tiny_gemma4_pair: tuple[P
         "llama_server_memory_budget_mib": 8192,
         "llama_server_models_dir": str(target.parent),
     }
-    playbook = REPO / "tests" / "unit" / "playbooks" / "render_server_files.yml"
-    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(work / "hosts.json")]
-    cmd += ["-e", json.dumps(extra), str(playbook)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
-    try:
-        return out, json.loads(done.stdout)
-    except ValueError:
-        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return render_server_files(tmp_path_factory.mktemp("render-limits"), HOSTS, extra)
 
 
 def exec_start(unit: str) -> list[str]:

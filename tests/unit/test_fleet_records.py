@@ -110,8 +110,6 @@ def test_check_mode_writes_nothing(tmp_path):
 def _write(path: str, host: str) -> None:
     from ansible.module_utils.rig_lock import update_lock as write
 
-    import rigkit  # noqa: F401  (a fresh process: wire module_utils/ first)
-
     write(path, host, {"n": host})
 
 

@@ -6,7 +6,6 @@ share), where a client on an allowed address connects and one on another address
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,8 @@ import pytest
 import yaml
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset, table_name
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO, render_server_files
+
 PORT = 18437  # inside the private network namespace only
 
 
@@ -120,33 +120,7 @@ HOSTS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    work = tmp_path_factory.mktemp("render-nft")
-    out = work / "out"
-    out.mkdir()
-    inventory = {
-        "all": {
-            "hosts": {
-                name: {**values, "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-                for name, values in HOSTS.items()
-            }
-        }
-    }
-    (work / "hosts.json").write_text(json.dumps(inventory))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    playbook = REPO / "tests" / "unit" / "playbooks" / "render_server_files.yml"
-    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(work / "hosts.json")]
-    cmd += ["-e", f"out_dir={out}", str(playbook)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
-    try:
-        return out, json.loads(done.stdout)
-    except ValueError:
-        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return render_server_files(tmp_path_factory.mktemp("render-nft"), HOSTS)
 
 
 def test_the_role_renders_the_ruleset_and_the_unit_requires_it(rendered: tuple[Path, dict[str, Any]]) -> None:

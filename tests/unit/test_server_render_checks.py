@@ -3,17 +3,13 @@ the API key (or the instance name, the host, an argument) must not add a variabl
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-PLAYBOOK = REPO / "tests" / "unit" / "playbooks" / "render_server_files.yml"
+from tests.support import render_server_files
+
 KEY = "k" * 24 + "-_.~+/=!"
 
 HOSTS: dict[str, dict[str, Any]] = {
@@ -31,33 +27,7 @@ HOSTS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    work = tmp_path_factory.mktemp("render")
-    out = work / "out"
-    out.mkdir()
-    inventory = {
-        "all": {
-            "hosts": {
-                name: {**values, "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-                for name, values in HOSTS.items()
-            }
-        }
-    }
-    (work / "hosts.json").write_text(json.dumps(inventory))  # JSON is YAML: newlines survive exactly
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(work / "hosts.json")]
-    cmd += ["-e", f"out_dir={out}", str(PLAYBOOK)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
-    try:
-        result = json.loads(done.stdout)
-    except ValueError:
-        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return out, result
+    return render_server_files(tmp_path_factory.mktemp("render"), HOSTS)
 
 
 def failures(result: dict[str, Any]) -> dict[str, str]:
