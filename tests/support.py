@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,3 +163,10 @@ def render_server_files(work: Path, hosts: dict[str, dict], extra: dict | None =
         return out, json.loads(done.stdout)
     except ValueError:
         pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+
+def exec_start_argv(unit: str) -> list[str]:
+    """A systemd unit's ExecStart as argv: continuation lines joined, systemd's quoting undone."""
+    joined = unit.replace("\\\n", " ")
+    line = next(line for line in joined.splitlines() if line.startswith("ExecStart="))
+    return shlex.split(line.removeprefix("ExecStart="))

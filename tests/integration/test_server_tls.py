@@ -20,7 +20,7 @@ import pytest
 import yaml
 from ansible.module_utils.llama_server_api import Endpoint, ServerApiError, complete, health
 
-from tests.support import REPO, recap, run, wait_for_image_build
+from tests.support import REPO, exec_start_argv, recap, run, wait_for_image_build
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/tls"
 INVENTORY = f"{REPO / 'inventory/hosts.yml'},{INVENTORY_DIR}"
@@ -112,7 +112,7 @@ def test_the_certificate_is_the_rigs_and_the_key_stays_private(tls_rig):
     assert "IP Address:127.0.0.1" in names and "DNS:tls-rig" in names, names
     assert in_rig("stat", "-c", "%a %u %g", KEY).stdout.split() == ["640", "0", "10001"]
     unit = in_rig("cat", UNIT).stdout
-    argv = [arg.strip('"') for arg in unit.split("ExecStart=", 1)[1].split("\nExecStop=", 1)[0].split()]
+    argv = exec_start_argv(unit)
     assert argv[argv.index("--ssl-key-file") + 1] == KEY and argv[argv.index("--ssl-cert-file") + 1] == CERT
     assert "/etc/rigkit/tls/main:/etc/rigkit/tls/main:ro" in argv
     assert "PRIVATE KEY" not in unit and "BEGIN CERTIFICATE" not in unit and API_KEY not in unit
@@ -148,11 +148,12 @@ def test_second_converge_changes_nothing_and_keeps_the_certificate(tls_rig):
 def test_the_rig_suite_passes_over_https(tls_rig):
     """tests/rig against this rig: every request it makes goes over https, verified on the rig itself."""
     result = run(
-        ["pytest", "tests/rig", f"--hosts=ansible://{RIG}", "-p", "no:cacheprovider", "-v"],
+        ["pytest", "tests/rig", f"--hosts=ansible://{RIG}", "-p", "no:cacheprovider", "-rA"],
         log_name="rig-suite-tls",
         ANSIBLE_INVENTORY=INVENTORY,
         RIGKIT_CACHE_DIR=str(tls_rig["cache"]),
     )
     assert result.returncode == 0, result.tail(80)
     assert " passed" in result.output.splitlines()[-1]
-    assert "test_serves_tls_off_the_loopback_with_a_private_key PASSED" in result.output, result.tail(80)
+    passed = [line for line in result.output.splitlines() if line.startswith("PASSED ")]
+    assert any("::test_serves_tls_off_the_loopback_with_a_private_key" in line for line in passed), result.tail(80)

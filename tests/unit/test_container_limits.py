@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from ansible.module_utils.server_preflight import (
     host_memory_estimate,
 )
 
-from tests.support import REPO, render_server_files
+from tests.support import REPO, exec_start_argv, render_server_files
 
 HOST_VARS = REPO / "inventory" / "host_vars"
 
@@ -206,20 +205,13 @@ def rendered(tmp_path_factory: pytest.TempPathFactory, tiny_gemma4_pair: tuple[P
     return render_server_files(tmp_path_factory.mktemp("render-limits"), HOSTS, extra)
 
 
-def exec_start(unit: str) -> list[str]:
-    """The unit's ExecStart as argv (systemd's continuation lines joined, its quoting undone)."""
-    joined = unit.replace("\\\n", " ")
-    line = next(line for line in joined.splitlines() if line.startswith("ExecStart="))
-    return shlex.split(line.removeprefix("ExecStart="))
-
-
 def option(argv: list[str], name: str) -> list[str]:
     return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == name]
 
 
 def test_derived_limits_in_the_unit(rendered: tuple[Path, dict]) -> None:
     out, _ = rendered
-    argv = exec_start((out / "derived.service").read_text())
+    argv = exec_start_argv((out / "derived.service").read_text())
     assert argv[:4] == ["/usr/bin/docker", "run", "--rm", "--name"]
     assert option(argv, "--memory") == ["1536m"]  # the tiny pair's estimate (269 MiB) + 1024, rounded up (CPU rig)
     assert option(argv, "--pids-limit") == ["1024"]
@@ -231,7 +223,7 @@ def test_derived_limits_in_the_unit(rendered: tuple[Path, dict]) -> None:
 
 def test_explicit_limits_and_journald_in_the_unit(rendered: tuple[Path, dict]) -> None:
     out, _ = rendered
-    argv = exec_start((out / "explicit.service").read_text())
+    argv = exec_start_argv((out / "explicit.service").read_text())
     assert option(argv, "--memory") == ["6144m"]
     assert option(argv, "--pids-limit") == ["512"]
     assert option(argv, "--log-driver") == ["journald"] and option(argv, "--log-opt") == []

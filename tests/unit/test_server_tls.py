@@ -29,7 +29,8 @@ from ansible.module_utils.tls_cert import (
     wanted_sans,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO, exec_start_argv, render_server_files
+
 OPENSSL = "openssl"
 KEY = "k" * 32
 
@@ -199,38 +200,12 @@ def test_a_given_certificate_needs_its_key_and_the_key_is_never_shown(tmp_path: 
 
 # --- rendering: the unit's argv has the paths, never a secret --------------------------------------------------
 
-RENDER = REPO / "tests/unit/playbooks/render_server_files.yml"
-
 
 def _render(tmp_path: Path, hosts: dict[str, dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
-    out = tmp_path / "out"
-    out.mkdir()
-    inventory = {
-        "all": {
-            "hosts": {
-                name: {**values, "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-                for name, values in hosts.items()
-            }
-        }
-    }
-    (tmp_path / "hosts.json").write_text(json.dumps(inventory))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.json")]
-    cmd += ["-e", f"out_dir={out}", str(RENDER)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    return out, json.loads(done.stdout)
-
-
-def _exec_start(unit: str) -> list[str]:
-    text = unit.split("ExecStart=", 1)[1].split("\nExecStop=", 1)[0].replace("\\\n", " ")
-    return [arg.strip('"') for arg in text.split()]
+    out, result = render_server_files(tmp_path, hosts)
+    failed = {host: stats for host, stats in result["stats"].items() if stats["failures"] or stats["unreachable"]}
+    assert not failed, json.dumps(result)[-3000:]
+    return out, result
 
 
 def test_the_unit_serves_tls_off_the_loopback_with_paths_only(tmp_path: Path) -> None:
@@ -256,12 +231,12 @@ def test_the_unit_serves_tls_off_the_loopback_with_paths_only(tmp_path: Path) ->
         },
     )
     for host in ("lan", "given", "local_tls"):
-        argv = _exec_start((out / f"{host}.service").read_text())
+        argv = exec_start_argv((out / f"{host}.service").read_text())
         assert argv[argv.index("--ssl-key-file") + 1] == "/etc/rigkit/tls/main/server.key", host
         assert argv[argv.index("--ssl-cert-file") + 1] == "/etc/rigkit/tls/main/server.crt", host
         assert "/etc/rigkit/tls/main:/etc/rigkit/tls/main:ro" in argv, host
     for host in ("local", "opt_out"):
-        argv = _exec_start((out / f"{host}.service").read_text())
+        argv = exec_start_argv((out / f"{host}.service").read_text())
         assert "--ssl-key-file" not in argv and not any("/etc/rigkit/tls" in arg for arg in argv), host
     secret_key_body = key.read_text().splitlines()[1]
     for path in out.iterdir():
