@@ -376,8 +376,9 @@ def main() -> None:
     if secret is not None and not re.fullmatch(r"[A-Za-z0-9_-]{16,}", secret):
         module.fail_json(msg="mirror_secret must be the 16+ URL-safe characters `rigkit mirror --secret-file` wrote")
     options = FetchOptions(
-        # The controller's mirror: its secret is the first path component; it never sees a token.
-        base_url=f"{params['base_url'].rstrip('/')}/{secret}" if secret else params["base_url"],
+        # The controller's mirror: its secret is the first path component (of requests only); it never sees a token.
+        base_url=params["base_url"],
+        mirror_secret=secret,
         token=None if secret else params["token"] or None,
         allow_insecure_http=params["allow_insecure_http"],
         ca_file=params["ca_file"],

@@ -65,6 +65,9 @@ class CatalogEntry:
 @dataclass
 class FetchOptions:
     base_url: str = DEFAULT_BASE_URL
+    # The controller mirror's per-run path secret: only in the request's path (``{base_url}/{secret}/...``), never
+    # in what is returned, logged or written to disk (a part's metadata), so it never outlives the run on a rig.
+    mirror_secret: str | None = None
     token: str | None = None
     allow_insecure_http: bool = False  # only for a trusted LAN mirror
     ca_file: str | None = None  # PEM bundle to trust instead of the system store (a LAN mirror's own CA)
@@ -125,7 +128,10 @@ class FetchResult:
         return asdict(self)
 
 
-def build_url(base_url: str, entry: CatalogEntry) -> str:
+def build_url(base_url: str, entry: CatalogEntry, secret: str | None = None) -> str:
+    """``{base_url}[/{secret}]/{repo}/resolve/{revision}/{filename}``, each part quoted."""
+    if secret:
+        base_url = f"{base_url.rstrip('/')}/{urllib.parse.quote(secret, safe='')}"
     repo = urllib.parse.quote(entry.repo, safe="/")
     revision = urllib.parse.quote(entry.revision, safe="")
     filename = urllib.parse.quote(entry.filename, safe="/")

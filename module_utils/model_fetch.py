@@ -130,7 +130,8 @@ class _Fetcher:
         self.dest_dir = os.path.dirname(dest)
         self.part = part_path(dest)
         self.opts = opts
-        self.url = build_url(opts.base_url, entry)
+        self.url = build_url(opts.base_url, entry, opts.mirror_secret)  # what is requested
+        self.public_url = build_url(opts.base_url, entry)  # what is shown and recorded: never the secret
         self._log_cb = log
         self._sleep = sleep
         self.result = FetchResult(
@@ -140,7 +141,7 @@ class _Fetcher:
             verification="none",
             sha256=entry.sha256,
             size=entry.size,
-            url=self.url,
+            url=self.public_url,
             check_mode=opts.check_mode,
         )
 
@@ -150,7 +151,7 @@ class _Fetcher:
             self._log_cb(message)
 
     def run(self) -> FetchResult:
-        check_scheme(self.url, self.entry, self.opts)
+        check_scheme(self.public_url, self.entry, self.opts)
         if not os.path.isdir(self.dest_dir):
             if not self.opts.check_mode:
                 raise FetchError(
@@ -239,7 +240,7 @@ class _Fetcher:
     def _download(self, resume_from: int) -> None:
         write_json_atomic(
             part_meta_path(self.dest),
-            {"sha256": self.entry.sha256, "size": self.entry.size, "url": redact(self.url)},
+            {"sha256": self.entry.sha256, "size": self.entry.size, "url": redact(self.public_url)},
         )
         discard = True  # a part that failed verification (or filled the disk) must go
         writer: PartWriter | None = None

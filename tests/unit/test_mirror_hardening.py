@@ -327,3 +327,53 @@ def test_gguf_fetch_never_sends_a_token_to_the_mirror(
         assert SECRET not in printed and token not in printed
         run_module({**args, "base_url": server.url, "mirror_secret": SECRET, "token": token})
         assert server.stats()["credentialed_requests"] == 0  # an explicit token is dropped too
+
+
+def test_an_interrupted_mirror_download_leaves_no_secret_on_the_rig(
+    tiny_gemma4_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Ctrl-C in the middle of a download from the mirror: the part and its metadata stay (resumable), and neither
+    they nor the result carry the run's secret (it is worthless after the run, but it is the run's credential)."""
+    import hashlib
+    import shutil
+
+    from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions
+    from ansible.module_utils.model_fetch import fetch_model
+
+    source = tiny_gemma4_pair[0]
+    root = tmp_path / "cache"
+    served = root / rel("tiny.gguf")
+    served.parent.mkdir(parents=True)
+    shutil.copyfile(source, served)
+    entry = CatalogEntry.from_mapping(
+        {
+            "repo": OWNER_REPO,
+            "revision": REV,
+            "filename": "tiny.gguf",
+            "sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+            "size": source.stat().st_size,
+            "architecture": "gemma4",
+            "role": "target",
+        }
+    )
+    rig = tmp_path / "rig"
+    rig.mkdir()
+
+    def interrupt(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    with ModelMirror(root, secret=SECRET, allow=[rel("tiny.gguf")]) as server:
+        options = FetchOptions(base_url=server.url, mirror_secret=SECRET, allow_insecure_http=True, progress=interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            fetch_model(entry, str(rig / "tiny.gguf"), options)
+        left = {path.relative_to(rig).as_posix(): path.read_bytes() for path in rig.rglob("*") if path.is_file()}
+        assert "tiny.gguf.part" in left and any(name.endswith(".part.json") for name in left), sorted(left)
+        assert all(SECRET.encode() not in body for body in left.values()), sorted(left)
+        meta = next(json.loads(body) for name, body in left.items() if name.endswith(".part.json"))
+        assert meta["url"] == f"{server.url}/{OWNER_REPO}/resolve/{REV}/tiny.gguf"
+
+        # the resumed download finishes, and what it returns names the mirror without the secret
+        result = fetch_model(entry, str(rig / "tiny.gguf"), FetchOptions(**{**vars(options), "progress": None}))
+        assert result.changed and result.url == meta["url"]
+        assert SECRET not in json.dumps(result.as_dict())
+        assert not any(SECRET.encode() in path.read_bytes() for path in rig.rglob("*") if path.is_file())
