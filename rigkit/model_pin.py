@@ -20,23 +20,17 @@ Used by ``rigkit pin`` / ``make pin model=NAME [revision=REF]`` and ``make pin h
 
 ``pin_host`` pins, in one go, every entry a rig needs (target and drafter) that is not fully pinned yet.
 
-The token (``HF_TOKEN``) is optional, sent as a bearer token for gated or private repositories. All requests go
-through module_utils/http_client.py, the fetcher's client: https only (plain http only for a trusted local
-endpoint, never as a downgrade), the token only to the endpoint's own origin, bounded redirects.
+The API calls (and their security policy: https only, the token only to the endpoint's origin) are in
+rigkit/hf_api.py; this module decides what to pin and writes the catalog.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import urllib.parse
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ansible.module_utils.atomic_file import write_atomic
-from ansible.module_utils.http_client import HttpClientError, Response, UrlRefused, request, same_origin
 from ansible.module_utils.model_catalog import (
     CATALOG_PATH,
     REVISION_RE,
@@ -45,58 +39,30 @@ from ansible.module_utils.model_catalog import (
     unpinned_fields,
 )
 
+from rigkit.hf_api import (
+    DEFAULT_ENDPOINT,
+    MAX_COMMITS,
+    SHA256_RE,
+    CommitFile,
+    FileInfo,
+    HubApi,
+    NotInLfsError,
+    PinError,
+)
+
 __all__ = [
     "DEFAULT_ENDPOINT",
     "DEFAULT_REVISION",
-    "CommitFile",
-    "FileInfo",
+    "HubApi",
     "NotInLfsError",
     "PinError",
     "PinResult",
-    "file_at",
-    "find_commit_with",
-    "list_commits",
-    "lookup_file",
     "pin_entry",
     "pin_host",
-    "resolve_revision",
 ]
 
-DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_REVISION = "main"
 PIN_FIELDS = ("revision", "sha256", "size")
-USER_AGENT = "rigkit-pin/1"
-MAX_COMMITS = 500  # commits walked looking for a trusted sha256 (one paths-info request each)
-COMMITS_PER_PAGE = 100
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_LINK_NEXT_RE = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
-
-
-class PinError(Exception):
-    """The pin cannot be made; the message says what to do next."""
-
-
-class NotInLfsError(PinError):
-    """The file is in the repository but not stored with Git LFS: the API gives no sha256 for it."""
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    sha256: str
-    size: int
-    commit: str
-
-
-@dataclass(frozen=True)
-class CommitFile:
-    """One commit of the walk and what the entry's file is there (``note`` when it is absent or not in LFS)."""
-
-    commit: str
-    date: str = ""
-    title: str = ""
-    sha256: str | None = None
-    size: int | None = None
-    note: str = ""
 
 
 @dataclass
@@ -113,226 +79,6 @@ class PinResult:
     previous: dict[str, Any] = field(default_factory=dict)
     anchored: bool = False  # found by walking the commits for the entry's trusted sha256
     walked: int = 0  # commits looked at
-
-
-# ---------------------------------------------------------------------------------------------- the API
-@dataclass(frozen=True)
-class _Api:
-    endpoint: str
-    token: str | None
-    timeout: float
-    allow_insecure_http: bool
-
-    def base(self, repo: str) -> str:
-        return f"{self.endpoint.rstrip('/')}/api/models/{urllib.parse.quote(repo, safe='/')}"
-
-    def call(self, url: str, *, data: bytes | None = None) -> tuple[Any, Response]:
-        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
-        endpoint = self.endpoint.rstrip("/")
-        try:
-            answer = request(
-                "POST" if data is not None else "GET",
-                url,
-                headers=headers,
-                body=data,
-                token=self.token,
-                timeout=self.timeout,
-                allow_insecure_http=self.allow_insecure_http,
-            )
-        except UrlRefused as exc:
-            raise PinError(f"{exc}") from None
-        except HttpClientError as exc:
-            raise PinError(f"cannot reach {endpoint}: {exc}; check the network or --endpoint") from None
-        if answer.status >= 400:
-            raise _ApiError(answer.status, answer.header("X-Error-Code"), answer.header("X-Error-Message"))
-        if not 200 <= answer.status < 300:
-            raise PinError(f"{url} answered HTTP {answer.status}; is --endpoint a Hugging Face API?")
-        try:
-            return json.loads(answer.body or b"null"), answer
-        except ValueError:
-            raise PinError(f"{url} did not answer JSON; is --endpoint a Hugging Face API?") from None
-
-
-class _ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"HTTP {status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-def _explain(exc: _ApiError, repo: str, revision: str, token: str | None) -> PinError:
-    detail = f" ({exc.code}: {exc.message})" if exc.code or exc.message else ""
-    if exc.status == 401:
-        hint = (
-            "the token in HF_TOKEN was not accepted: check it (huggingface.co/settings/tokens)"
-            if token
-            else "the repository is gated or private: set HF_TOKEN to a read token of an account that has access"
-        )
-        return PinError(f"HTTP 401 for {repo}{detail}: {hint}, then re-run the pin.")
-    if exc.status == 403:
-        return PinError(
-            f"HTTP 403 for {repo}{detail}: accept the model's license on https://huggingface.co/{repo} with the "
-            "account of HF_TOKEN, or use a token with read access, then re-run the pin."
-        )
-    if exc.status == 404 and exc.code == "RevisionNotFound":
-        return PinError(f"revision {revision} not found in {repo}{detail}: give a branch, tag or commit of it.")
-    if exc.status == 404:
-        token_hint = "" if token else " (a private or gated repository also answers 404 without HF_TOKEN)"
-        return PinError(f"repository {repo} not found{detail}: fix the entry's repo in the catalog{token_hint}.")
-    return PinError(f"HTTP {exc.status} from the Hugging Face API for {repo}{detail}; try again later.")
-
-
-def _api(endpoint: str, token: str | None, timeout: float, allow_insecure_http: bool) -> _Api:
-    return _Api(endpoint=endpoint, token=token, timeout=timeout, allow_insecure_http=allow_insecure_http)
-
-
-def resolve_revision(
-    endpoint: str,
-    repo: str,
-    ref: str,
-    *,
-    token: str | None = None,
-    timeout: float = 30.0,
-    allow_insecure_http: bool = False,
-) -> str:
-    """The commit a branch or tag points at now."""
-    api = _api(endpoint, token, timeout, allow_insecure_http)
-    try:
-        body, _ = api.call(f"{api.base(repo)}/revision/{urllib.parse.quote(ref, safe='')}")
-    except _ApiError as exc:
-        raise _explain(exc, repo, ref, token) from None
-    commit = body.get("sha") if isinstance(body, dict) else None
-    if not isinstance(commit, str) or not REVISION_RE.match(commit):
-        raise PinError(f"the API did not give a commit for {repo} @ {ref}; pass the full 40-character commit")
-    return commit
-
-
-def file_at(
-    endpoint: str,
-    repo: str,
-    revision: str,
-    filename: str,
-    *,
-    token: str | None = None,
-    timeout: float = 30.0,
-    allow_insecure_http: bool = False,
-) -> FileInfo | None:
-    """The file's LFS sha256 and size at ``revision`` (paths-info API); None when the file is not there."""
-    api = _api(endpoint, token, timeout, allow_insecure_http)
-    data = urllib.parse.urlencode({"paths": filename, "expand": "false"}).encode()
-    try:
-        body, answer = api.call(f"{api.base(repo)}/paths-info/{urllib.parse.quote(revision, safe='')}", data=data)
-    except _ApiError as exc:
-        raise _explain(exc, repo, revision, token) from None
-    found = [item for item in body or [] if isinstance(item, dict) and item.get("path") == filename]
-    if not found or found[0].get("type") != "file":
-        return None
-    item = found[0]
-    lfs = item.get("lfs")
-    if not isinstance(lfs, dict) or not _SHA256_RE.match(str(lfs.get("oid", ""))):
-        raise NotInLfsError(
-            f"{repo} : {filename} is not stored with Git LFS, so the API gives no sha256 for it; pin it by hand "
-            "(sha256sum of the file at that revision) in the catalog."
-        )
-    size = lfs.get("size", item.get("size"))
-    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-        raise PinError(f"the API gave no usable size for {repo} : {filename} ({size!r})")
-    commit = answer.header("X-Repo-Commit") or revision
-    return FileInfo(sha256=str(lfs["oid"]), size=size, commit=commit if REVISION_RE.match(commit) else revision)
-
-
-def lookup_file(
-    endpoint: str,
-    repo: str,
-    revision: str,
-    filename: str,
-    *,
-    token: str | None = None,
-    timeout: float = 30.0,
-    allow_insecure_http: bool = False,
-) -> FileInfo:
-    """Like file_at, but a missing file is an error that says what to check."""
-    info = file_at(
-        endpoint, repo, revision, filename, token=token, timeout=timeout, allow_insecure_http=allow_insecure_http
-    )
-    if info is None:
-        raise PinError(
-            f"{filename} does not exist in {repo} at {revision}: check the entry's filename (paths inside the "
-            "repository, e.g. MTP/x.gguf) and the revision."
-        )
-    return info
-
-
-def list_commits(
-    endpoint: str,
-    repo: str,
-    ref: str,
-    *,
-    token: str | None = None,
-    timeout: float = 30.0,
-    allow_insecure_http: bool = False,
-    limit: int = MAX_COMMITS,
-) -> Iterator[dict[str, str]]:
-    """The commits of ``ref``, newest first: ``{"id", "date", "title"}`` (``/commits/{ref}``, Link pagination).
-
-    A ``next`` page on another origin than the endpoint is refused (the token would follow it).
-    """
-    api = _api(endpoint, token, timeout, allow_insecure_http)
-    url: str | None = f"{api.base(repo)}/commits/{urllib.parse.quote(ref, safe='')}?limit={COMMITS_PER_PAGE}"
-    given = 0
-    while url is not None and given < limit:
-        try:
-            body, answer = api.call(url)
-        except _ApiError as exc:
-            raise _explain(exc, repo, ref, token) from None
-        if not isinstance(body, list):
-            raise PinError(f"the commit list of {repo} @ {ref} is not a list; is --endpoint a Hugging Face API?")
-        for item in body:
-            commit = item.get("id") if isinstance(item, dict) else None
-            if not isinstance(commit, str) or not REVISION_RE.match(commit):
-                raise PinError(f"the commit list of {repo} @ {ref} holds an entry without a commit id: {item!r:.200}")
-            yield {"id": commit, "date": str(item.get("date") or ""), "title": str(item.get("title") or "")}
-            given += 1
-            if given >= limit:
-                return
-        link = _LINK_NEXT_RE.search(answer.header("Link"))
-        url = urllib.parse.urljoin(answer.url, link[1]) if link else None
-        if url is not None and not same_origin(url, endpoint):
-            raise PinError(f"the commit list of {repo} points its next page at another host ({url}); refusing it")
-
-
-def find_commit_with(
-    endpoint: str,
-    repo: str,
-    ref: str,
-    filename: str,
-    sha256: str,
-    *,
-    token: str | None = None,
-    timeout: float = 30.0,
-    allow_insecure_http: bool = False,
-    limit: int = MAX_COMMITS,
-) -> tuple[CommitFile | None, list[CommitFile]]:
-    """Walk ``ref``'s commits newest first; (the first whose file has ``sha256`` or None, every commit looked at)."""
-    opts: dict[str, Any] = {"token": token, "timeout": timeout, "allow_insecure_http": allow_insecure_http}
-    seen: list[CommitFile] = []
-    for commit in list_commits(endpoint, repo, ref, limit=limit, **opts):
-        try:
-            info = file_at(endpoint, repo, commit["id"], filename, **opts)
-        except NotInLfsError:
-            seen.append(CommitFile(commit["id"], commit["date"], commit["title"], note="not stored with Git LFS"))
-            continue
-        if info is None:
-            seen.append(CommitFile(commit["id"], commit["date"], commit["title"], note="file absent"))
-            continue
-        row = CommitFile(commit["id"], commit["date"], commit["title"], sha256=info.sha256, size=info.size)
-        seen.append(row)
-        if info.sha256 == sha256:
-            return row, seen
-    return None, seen
 
 
 def _walk_table(seen: list[CommitFile]) -> str:
@@ -383,11 +129,8 @@ def pin_entry(
     revision: str | None = None,
     *,
     catalog_path: str = CATALOG_PATH,
-    endpoint: str = DEFAULT_ENDPOINT,
-    token: str | None = None,
+    api: HubApi | None = None,
     force: bool = False,
-    allow_insecure_http: bool = False,
-    timeout: float = 30.0,
     max_commits: int = MAX_COMMITS,
 ) -> PinResult:
     """Find the pin of ``name`` (see module doc) and write revision, sha256 and size into the catalog file."""
@@ -401,12 +144,12 @@ def pin_entry(
         raise PinError(f"model '{name}' has no repo or filename in {catalog_path}: set them first, then pin")
     repo, filename = str(repo), str(filename)
     ref = revision or DEFAULT_REVISION
-    opts: dict[str, Any] = {"token": token, "timeout": timeout, "allow_insecure_http": allow_insecure_http}
+    api = api or HubApi()
     trusted = str(entry.get("sha256") or "")
     resolved_from = None
     walked = 0
-    if _SHA256_RE.match(trusted) and not force:
-        found, seen = find_commit_with(endpoint, repo, ref, filename, trusted, limit=max_commits, **opts)
+    if SHA256_RE.match(trusted) and not force:
+        found, seen = api.find_commit_with(repo, ref, filename, trusted, limit=max_commits)
         walked = len(seen)
         if found is None:
             capped = f" (the walk stops after {max_commits} commits)" if walked >= max_commits else ""
@@ -424,8 +167,8 @@ def pin_entry(
         commit = ref
         if not REVISION_RE.match(ref):
             resolved_from = ref
-            commit = resolve_revision(endpoint, repo, ref, **opts)
-        info = lookup_file(endpoint, repo, commit, filename, **opts)
+            commit = api.resolve_revision(repo, ref)
+        info = api.lookup_file(repo, commit, filename)
     new = {"revision": info.commit, "sha256": info.sha256, "size": info.size}
     old = {key: entry.get(key) for key in PIN_FIELDS}
     conflicts = {key: (old[key], new[key]) for key in PIN_FIELDS if old[key] not in (None, "") and old[key] != new[key]}
@@ -475,10 +218,7 @@ def pin_host(
     names: list[str],
     *,
     catalog_path: str = CATALOG_PATH,
-    endpoint: str = DEFAULT_ENDPOINT,
-    token: str | None = None,
-    allow_insecure_http: bool = False,
-    timeout: float = 30.0,
+    api: HubApi | None = None,
     max_commits: int = MAX_COMMITS,
 ) -> tuple[list[PinResult], list[str]]:
     """Pin every entry of ``names`` that is not fully pinned yet; (the pins made, the names already pinned).
@@ -503,18 +243,7 @@ def pin_host(
             already.append(name)
             continue
         try:
-            done.append(
-                pin_entry(
-                    name,
-                    None,
-                    catalog_path=catalog_path,
-                    endpoint=endpoint,
-                    token=token,
-                    allow_insecure_http=allow_insecure_http,
-                    timeout=timeout,
-                    max_commits=max_commits,
-                )
-            )
+            done.append(pin_entry(name, None, catalog_path=catalog_path, api=api, max_commits=max_commits))
         except PinError as exc:
             made = f" (pinned before it: {', '.join(r.name for r in done)})" if done else ""
             raise PinError(f"{host}: cannot pin '{name}'{made}: {exc}") from None

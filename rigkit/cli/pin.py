@@ -51,16 +51,10 @@ def _print_pin(result: object) -> None:
 
 
 def pin(args: argparse.Namespace) -> int:
-    from rigkit.model_pin import PinError, pin_entry, pin_host
+    from rigkit.model_pin import HubApi, PinError, pin_entry, pin_host
 
-    token = os.environ.get("HF_TOKEN") or None
     revision = args.revision_opt or args.revision
-    common = {
-        "catalog_path": args.catalog,
-        "endpoint": args.endpoint,
-        "token": token,
-        "allow_insecure_http": args.allow_insecure_http,
-    }
+    api = HubApi(args.endpoint, token=os.environ.get("HF_TOKEN") or None, allow_insecure_http=args.allow_insecure_http)
     if bool(args.name) == bool(args.host):
         print(
             "rigkit pin: give a model or a rig: make pin model=NAME [revision=REF] | make pin host=RIG", file=sys.stderr
@@ -79,7 +73,7 @@ def pin(args: argparse.Namespace) -> int:
             except LookupError as exc:
                 print(f"rigkit pin: {exc}", file=sys.stderr)
                 return 2
-            done, already = pin_host(args.host, names, **common)
+            done, already = pin_host(args.host, names, catalog_path=args.catalog, api=api)
             for result in done:
                 _print_pin(result)
             for name in already:
@@ -88,7 +82,7 @@ def pin(args: argparse.Namespace) -> int:
                 f"{args.host}: every model it needs is pinned ({', '.join(names)}); next: make check host={args.host}"
             )
             return 0
-        _print_pin(pin_entry(args.name, revision or None, force=args.force, **common))
+        _print_pin(pin_entry(args.name, revision or None, catalog_path=args.catalog, api=api, force=args.force))
     except PinError as exc:
         print(f"rigkit pin: {exc}", file=sys.stderr)
         return 1

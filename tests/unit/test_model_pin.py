@@ -16,8 +16,8 @@ import pytest
 import yaml
 from ansible.module_utils.http_client import UrlRefused, next_hop
 
-from rigkit import model_pin
-from rigkit.model_pin import PinError, pin_entry, pin_host
+from rigkit import hf_api
+from rigkit.model_pin import HubApi, PinError, pin_entry, pin_host
 from tests.fixtures.hf_standin import HfStandin, make_tls_files
 from tests.support import recap, run
 
@@ -60,8 +60,11 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pat
     return make_tls_files(tmp_path_factory.mktemp("tls"))
 
 
-def pin(catalog: Path, hub: HfStandin, name: str = TARGET, revision: str = COMMIT, **kw: object):
-    return pin_entry(name, revision, catalog_path=str(catalog), endpoint=hub.base_url, allow_insecure_http=True, **kw)
+def pin(
+    catalog: Path, hub: HfStandin, name: str = TARGET, revision: str = COMMIT, token: str | None = None, **kw: object
+):
+    api = HubApi(hub.base_url, token=token, allow_insecure_http=True)
+    return pin_entry(name, revision, catalog_path=str(catalog), api=api, **kw)
 
 
 def test_pin_writes_revision_sha256_and_size(catalog: Path, hub: HfStandin, body: bytes) -> None:
@@ -207,7 +210,7 @@ def test_gated_repository_needs_the_token(catalog: Path, body: bytes, name: str)
 
 def test_plain_http_endpoint_needs_the_flag(catalog: Path, hub: HfStandin) -> None:
     with pytest.raises(PinError, match="refusing the base URL plain http://"):
-        pin_entry(TARGET, COMMIT, catalog_path=str(catalog), endpoint=hub.base_url)
+        pin_entry(TARGET, COMMIT, catalog_path=str(catalog), api=HubApi(hub.base_url))
 
 
 def test_cli_and_make_target(catalog: Path, hub: HfStandin, body: bytes) -> None:
@@ -293,7 +296,7 @@ def test_the_walk_starts_at_the_given_revision(catalog: Path, hub: HfStandin, hi
 def test_commit_pages_are_followed(
     catalog: Path, hub: HfStandin, history: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(model_pin, "COMMITS_PER_PAGE", 2)
+    monkeypatch.setattr(hf_api, "COMMITS_PER_PAGE", 2)
     set_sha256(catalog, EXACT, history["v1"][0])
     assert pin(catalog, hub, name=EXACT, revision="").revision == C1
     assert len([r for r in hub.requests if "/commits/" in r.path]) == 2  # c4 c3 | c2 c1 through Link: rel="next"
@@ -385,7 +388,7 @@ def test_pin_host_stops_at_the_first_entry_it_cannot_pin(tmp_path: Path, hub: Hf
         PinError, match=rf"desktop3050: cannot pin '{DRAFTER}' \(pinned before it: {EXACT}\).*not found"
     ):
         pin_host(
-            "desktop3050", [EXACT, DRAFTER], catalog_path=str(copy), endpoint=hub.base_url, allow_insecure_http=True
+            "desktop3050", [EXACT, DRAFTER], catalog_path=str(copy), api=HubApi(hub.base_url, allow_insecure_http=True)
         )
     assert entry(copy, EXACT)["revision"] == C3  # kept: a re-run continues with the drafter
 
@@ -418,9 +421,7 @@ def test_a_redirect_to_plain_http_is_refused(
                     TARGET,
                     "",
                     catalog_path=str(catalog),
-                    endpoint=secure.base_url,
-                    token=TOKEN,
-                    allow_insecure_http=insecure_ok,
+                    api=HubApi(secure.base_url, token=TOKEN, allow_insecure_http=insecure_ok),
                 )
             assert TOKEN not in str(refused.value)
         assert plain.requests == [] and plain.headers_seen == []

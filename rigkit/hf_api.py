@@ -1,0 +1,219 @@
+"""The Hugging Face Hub API, as far as pinning needs it: a ref's commit, a file's LFS sha256 and size at a commit,
+a ref's commits (newest first). Controller only (``rigkit pin``); rigs download through the fetcher, not this.
+
+Every request goes through module_utils/http_client.py, the fetcher's client: https only (plain http only for a
+trusted local endpoint, never as a downgrade), the token (``HF_TOKEN``, optional) only to the endpoint's own origin,
+bounded redirects. The endpoints are the ones huggingface_hub uses:
+
+- ``GET  {endpoint}/api/models/{repo}/revision/{ref}``: the commit a branch or tag points at;
+- ``POST {endpoint}/api/models/{repo}/paths-info/{commit}`` with ``paths=<filename>``: ``lfs.oid`` and ``size``;
+- ``GET  {endpoint}/api/models/{repo}/commits/{ref}``: the commits, pages followed through the ``Link`` header.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ansible.module_utils.http_client import HttpClientError, Response, UrlRefused, request, same_origin
+from ansible.module_utils.model_catalog import REVISION_RE
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+USER_AGENT = "rigkit-pin/1"
+MAX_COMMITS = 500  # commits walked looking for a trusted sha256 (one paths-info request each)
+COMMITS_PER_PAGE = 100
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_LINK_NEXT_RE = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
+
+
+class PinError(Exception):
+    """The pin cannot be made; the message says what to do next."""
+
+
+class NotInLfsError(PinError):
+    """The file is in the repository but not stored with Git LFS: the API gives no sha256 for it."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    sha256: str
+    size: int
+    commit: str
+
+
+@dataclass(frozen=True)
+class CommitFile:
+    """One commit of the walk and what the entry's file is there (``note`` when it is absent or not in LFS)."""
+
+    commit: str
+    date: str = ""
+    title: str = ""
+    sha256: str | None = None
+    size: int | None = None
+    note: str = ""
+
+
+class _ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"HTTP {status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _explain(exc: _ApiError, repo: str, revision: str, token: str | None) -> PinError:
+    detail = f" ({exc.code}: {exc.message})" if exc.code or exc.message else ""
+    if exc.status == 401:
+        hint = (
+            "the token in HF_TOKEN was not accepted: check it (huggingface.co/settings/tokens)"
+            if token
+            else "the repository is gated or private: set HF_TOKEN to a read token of an account that has access"
+        )
+        return PinError(f"HTTP 401 for {repo}{detail}: {hint}, then re-run the pin.")
+    if exc.status == 403:
+        return PinError(
+            f"HTTP 403 for {repo}{detail}: accept the model's license on https://huggingface.co/{repo} with the "
+            "account of HF_TOKEN, or use a token with read access, then re-run the pin."
+        )
+    if exc.status == 404 and exc.code == "RevisionNotFound":
+        return PinError(f"revision {revision} not found in {repo}{detail}: give a branch, tag or commit of it.")
+    if exc.status == 404:
+        token_hint = "" if token else " (a private or gated repository also answers 404 without HF_TOKEN)"
+        return PinError(f"repository {repo} not found{detail}: fix the entry's repo in the catalog{token_hint}.")
+    return PinError(f"HTTP {exc.status} from the Hugging Face API for {repo}{detail}; try again later.")
+
+
+@dataclass(frozen=True)
+class HubApi:
+    """One endpoint, one token, one policy: every call below goes through ``_call``."""
+
+    endpoint: str = DEFAULT_ENDPOINT
+    token: str | None = None
+    timeout: float = 30.0
+    allow_insecure_http: bool = False
+
+    def _base(self, repo: str) -> str:
+        return f"{self.endpoint.rstrip('/')}/api/models/{urllib.parse.quote(repo, safe='/')}"
+
+    def _call(self, url: str, *, data: bytes | None = None) -> tuple[Any, Response]:
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        endpoint = self.endpoint.rstrip("/")
+        try:
+            answer = request(
+                "POST" if data is not None else "GET",
+                url,
+                headers=headers,
+                body=data,
+                token=self.token,
+                timeout=self.timeout,
+                allow_insecure_http=self.allow_insecure_http,
+            )
+        except UrlRefused as exc:
+            raise PinError(f"{exc}") from None
+        except HttpClientError as exc:
+            raise PinError(f"cannot reach {endpoint}: {exc}; check the network or --endpoint") from None
+        if answer.status >= 400:
+            raise _ApiError(answer.status, answer.header("X-Error-Code"), answer.header("X-Error-Message"))
+        if not 200 <= answer.status < 300:
+            raise PinError(f"{url} answered HTTP {answer.status}; is --endpoint a Hugging Face API?")
+        try:
+            return json.loads(answer.body or b"null"), answer
+        except ValueError:
+            raise PinError(f"{url} did not answer JSON; is --endpoint a Hugging Face API?") from None
+
+    def _get(self, url: str, repo: str, revision: str, *, data: bytes | None = None) -> tuple[Any, Response]:
+        try:
+            return self._call(url, data=data)
+        except _ApiError as exc:
+            raise _explain(exc, repo, revision, self.token) from None
+
+    def resolve_revision(self, repo: str, ref: str) -> str:
+        """The commit a branch or tag points at now."""
+        body, _ = self._get(f"{self._base(repo)}/revision/{urllib.parse.quote(ref, safe='')}", repo, ref)
+        commit = body.get("sha") if isinstance(body, dict) else None
+        if not isinstance(commit, str) or not REVISION_RE.match(commit):
+            raise PinError(f"the API did not give a commit for {repo} @ {ref}; pass the full 40-character commit")
+        return commit
+
+    def file_at(self, repo: str, revision: str, filename: str) -> FileInfo | None:
+        """The file's LFS sha256 and size at ``revision`` (paths-info API); None when the file is not there."""
+        data = urllib.parse.urlencode({"paths": filename, "expand": "false"}).encode()
+        url = f"{self._base(repo)}/paths-info/{urllib.parse.quote(revision, safe='')}"
+        body, answer = self._get(url, repo, revision, data=data)
+        found = [item for item in body or [] if isinstance(item, dict) and item.get("path") == filename]
+        if not found or found[0].get("type") != "file":
+            return None
+        item = found[0]
+        lfs = item.get("lfs")
+        if not isinstance(lfs, dict) or not SHA256_RE.match(str(lfs.get("oid", ""))):
+            raise NotInLfsError(
+                f"{repo} : {filename} is not stored with Git LFS, so the API gives no sha256 for it; pin it by hand "
+                "(sha256sum of the file at that revision) in the catalog."
+            )
+        size = lfs.get("size", item.get("size"))
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise PinError(f"the API gave no usable size for {repo} : {filename} ({size!r})")
+        commit = answer.header("X-Repo-Commit") or revision
+        return FileInfo(sha256=str(lfs["oid"]), size=size, commit=commit if REVISION_RE.match(commit) else revision)
+
+    def lookup_file(self, repo: str, revision: str, filename: str) -> FileInfo:
+        """Like file_at, but a missing file is an error that says what to check."""
+        info = self.file_at(repo, revision, filename)
+        if info is None:
+            raise PinError(
+                f"{filename} does not exist in {repo} at {revision}: check the entry's filename (paths inside the "
+                "repository, e.g. MTP/x.gguf) and the revision."
+            )
+        return info
+
+    def commits(self, repo: str, ref: str, limit: int = MAX_COMMITS) -> Iterator[dict[str, str]]:
+        """The commits of ``ref``, newest first: ``{"id", "date", "title"}`` (``/commits/{ref}``, Link pagination).
+
+        A ``next`` page on another origin than the endpoint is refused (the token would follow it).
+        """
+        url: str | None = f"{self._base(repo)}/commits/{urllib.parse.quote(ref, safe='')}?limit={COMMITS_PER_PAGE}"
+        given = 0
+        while url is not None and given < limit:
+            body, answer = self._get(url, repo, ref)
+            if not isinstance(body, list):
+                raise PinError(f"the commit list of {repo} @ {ref} is not a list; is --endpoint a Hugging Face API?")
+            for item in body:
+                commit = item.get("id") if isinstance(item, dict) else None
+                if not isinstance(commit, str) or not REVISION_RE.match(commit):
+                    raise PinError(
+                        f"the commit list of {repo} @ {ref} holds an entry without a commit id: {item!r:.200}"
+                    )
+                yield {"id": commit, "date": str(item.get("date") or ""), "title": str(item.get("title") or "")}
+                given += 1
+                if given >= limit:
+                    return
+            link = _LINK_NEXT_RE.search(answer.header("Link"))
+            url = urllib.parse.urljoin(answer.url, link[1]) if link else None
+            if url is not None and not same_origin(url, self.endpoint):
+                raise PinError(f"the commit list of {repo} points its next page at another host ({url}); refusing it")
+
+    def find_commit_with(
+        self, repo: str, ref: str, filename: str, sha256: str, limit: int = MAX_COMMITS
+    ) -> tuple[CommitFile | None, list[CommitFile]]:
+        """Walk ``ref``'s commits newest first; (the first whose file has ``sha256`` or None, every commit seen)."""
+        seen: list[CommitFile] = []
+        for commit in self.commits(repo, ref, limit):
+            try:
+                info = self.file_at(repo, commit["id"], filename)
+            except NotInLfsError:
+                seen.append(CommitFile(commit["id"], commit["date"], commit["title"], note="not stored with Git LFS"))
+                continue
+            if info is None:
+                seen.append(CommitFile(commit["id"], commit["date"], commit["title"], note="file absent"))
+                continue
+            row = CommitFile(commit["id"], commit["date"], commit["title"], sha256=info.sha256, size=info.size)
+            seen.append(row)
+            if info.sha256 == sha256:
+                return row, seen
+        return None, seen
