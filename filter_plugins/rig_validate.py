@@ -13,14 +13,9 @@ from typing import Any
 
 import jinja2
 
-from rigkit.rig_validate import (
-    Sources,
-    Unresolved,
-    controller_preflight,
-    load_specs,
-    plain_defaults,
-    resolve_values,
-)
+from rigkit.controller_preflight import controller_preflight
+from rigkit.inventory_files import Sources
+from rigkit.rig_validate import Unresolved, load_specs, plain_defaults, resolve_values
 from rigkit.rig_validate import rig_problems as _rig_problems
 
 ROLES_DIR = str(pathlib.Path(__file__).resolve().parent.parent / "roles")

@@ -19,7 +19,7 @@ def known_rigs() -> list[str]:
 
 def inventory_yaml_errors() -> list[str]:
     """file:line:column of each YAML syntax error in the inventory (Ansible's own message hides the mark)."""
-    from rigkit.rig_validate import inventory_yaml_errors as errors
+    from rigkit.inventory_files import inventory_yaml_errors as errors
 
     return errors(os.path.dirname(source) if os.path.isfile(source) else source for source in inventory_sources())
 

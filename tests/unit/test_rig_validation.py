@@ -442,7 +442,8 @@ def _inventory_values(host_file: Path, groups: list[str]) -> dict:
 )
 def test_the_kits_own_rigs_have_no_problem(host_file, group):
     """No false refusal: every variable the kit's inventory (and the README's example rig) sets is declared."""
-    from rigkit.rig_validate import Sources, load_specs, rig_problems
+    from rigkit.inventory_files import Sources
+    from rigkit.rig_validate import load_specs, rig_problems
 
     values = _inventory_values(host_file, [group])
     sources = Sources(str(REPO / "inventory"), host_file.stem, [group, "rigs"])
@@ -494,7 +495,8 @@ def test_tags_select_a_role_for_real_and_never_skip_validation():
 
 
 def test_a_secret_is_never_shown_in_a_refusal():
-    from rigkit.rig_validate import Sources, load_specs, rig_problems
+    from rigkit.inventory_files import Sources
+    from rigkit.rig_validate import load_specs, rig_problems
 
     values = _inventory_values(REPO / "inventory/host_vars/desktop3050.yml", ["gpu_rigs"])
     values.update(models_hf_tokn="hf_secret123", llama_server_api_kye="hunter2")
@@ -511,7 +513,7 @@ def test_a_secret_is_never_shown_in_a_refusal():
 
 def test_the_file_named_is_the_one_that_set_the_value():
     """Later inventory sources override earlier ones, inline host variables count, and --extra-vars says so."""
-    from rigkit.rig_validate import Sources
+    from rigkit.inventory_files import Sources
 
     broken = REPO / "tests/integration/inventories/rollout-broken"
     sources = Sources([str(REPO / "inventory/hosts.yml"), str(broken)], "sandbox-mtp", ["sandbox_rigs", "rigs"])
@@ -527,7 +529,8 @@ def test_context_beyond_the_catalogs_trained_context_is_refused():
     """Where the catalog records the target's shape (make discover), no cached file is needed for the limit."""
     import copy
 
-    from rigkit.rig_validate import Sources, load_specs, rig_problems
+    from rigkit.inventory_files import Sources
+    from rigkit.rig_validate import load_specs, rig_problems
 
     catalog = copy.deepcopy(CATALOG)
     catalog["tiny-gemma4-target"]["shape"] = {"context_length": 1024}

@@ -1,0 +1,158 @@
+"""What a rig's description may contain, as data: the kit's variable prefixes, the role entry points that run on
+each kind of rig, the kit's own inventory keys, the names plays set at run time, and the ranges and formats the
+argument specs' types cannot express. rigkit/rig_validate.py checks a rig against these.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Variable-name prefixes owned by the kit: such a variable must be declared somewhere.
+PREFIXES = (
+    "nvidia_container_toolkit_",
+    "container_harness_",
+    "llamacpp_image_",
+    "nvidia_driver_",
+    "llama_server_",
+    "llama_bench_",
+    "rig_lock_",
+    "models_",
+    "docker_",
+    "cuda_",
+    "rig_",
+    # broader kit prefixes, so that a typo inside a role's prefix (nvidia_drvier_version) is caught too
+    "nvidia_",
+    "llama_",
+)
+
+# The role entry points that run on a rig of each kind (playbooks/provision.yml, bench.yml, status.yml).
+COMMON_ENTRY_POINTS = (
+    ("docker", "main"),
+    ("llamacpp_image", "main"),
+    ("models", "main"),
+    ("models", "validate"),
+    ("llama_server", "main"),
+    ("rig_lock", "main"),
+    ("llama_bench", "main"),
+)
+ENTRY_POINTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "gpu": (
+        ("nvidia_driver", "main"),
+        ("nvidia_container_toolkit", "main"),
+        ("cuda", "main"),
+        *COMMON_ENTRY_POINTS,
+    ),
+    "sandbox": (("container_harness", "main"), ("container_harness", "rig"), *COMMON_ENTRY_POINTS),
+}
+
+# Inventory keys of the kit itself and of the models play (playbooks/models.yml), which no role declares.
+# Same shape as an argument spec's options (README, "Inventory keys").
+KIT_VARIABLES: dict[str, dict[str, Any]] = {
+    "rig_kind": {"type": "str", "choices": ["gpu", "sandbox"], "description": "What the rig is."},
+    "rig_gpu": {"type": "dict", "description": "The GPU: name, vram_mib, compute_capability, headless."},
+    "rig_wants_cuda": {"type": "bool", "description": "Install the host CUDA toolkit (role cuda)."},
+    "rig_controller_cache_dir": {"type": "path", "description": "Controller cache (downloads, builds)."},
+    "rig_expected_min_acceptance": {"type": "float", "description": "Canary acceptance the rig tests expect."},
+    "rig_workload": {"type": "dict", "description": "{mix: {kind: weight}, concurrency: N} for make tune."},
+    "models_upstream_base_url": {"type": "str", "description": "Where the controller downloads models from."},
+    "models_upstream_allow_insecure_http": {"type": "bool", "description": "Accept a plain http:// upstream."},
+    "models_mirror_port": {"type": "int", "description": "Port of the controller's model mirror."},
+    "models_mirror_idle_timeout": {"type": "int", "description": "Seconds the idle mirror waits before stopping."},
+    "models_mirror_max_age": {"type": "int", "description": "Seconds after which the mirror stops, busy or not."},
+    "models_controller_address": {"type": "str", "description": "The controller's address as the rigs reach it."},
+    "models_sandbox_hub_dir": {"type": "path", "description": "The sandbox's stand-in Hugging Face hub."},
+    "models_sandbox_hub_port": {"type": "int", "description": "Port of the sandbox's stand-in hub."},
+}
+
+# Facts and registered results the kit's plays set at run time (never inventory keys, but present in later plays).
+RUNTIME_VARIABLES = frozenset(
+    {
+        "rig_status_output",
+        "rig_status_row",
+        "rig_status_deployed",
+        "rig_lock_deployed",
+        "rig_lock_expected",
+        "rig_lock_comparison",
+        "rig_lock_result",
+        "models_target_entry",
+        "models_drafter_entry",
+        "models_target_path",
+        "models_drafter_path",
+        "models_fetched",
+        "models_found",
+        "llamacpp_image_tag",
+        "llamacpp_image_id",
+        "llama_server_effective",
+        "llama_server_preflight_result",
+        "llama_server_canary",
+        "llama_server_report",
+        "container_harness_base_image",
+        "container_harness_rig_image",
+        "container_harness_engine",
+        "container_harness_rig",
+        "docker_server_version",
+        "nvidia_driver_gpu",
+    }
+)
+RUNTIME_PREFIXES = ("models_fleet_", "models_molecule_")
+
+# rig_gpu's fields (a GPU rig's inventory).
+RIG_GPU_FIELDS = ("name", "vram_mib", "compute_capability", "headless")
+COMPUTE_CAPABILITY_RE = re.compile(r"^[0-9]+\.[0-9]$")
+DRIVER_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+LOOPBACK_NAMES = ("localhost",)
+
+# Integer ranges the specs' types cannot say: (lowest, highest or None, what is accepted).
+PORT = (1, 65535, "a port 1-65535")
+POSITIVE = (1, None, "a positive integer")
+NON_NEGATIVE = (0, None, "an integer >= 0")
+# llama.cpp takes any --spec-draft-n-max >= 1, but a draft longer than 16 tokens never pays off for these models
+# (the kit's bench goes to llama_bench_draft_max, 4 by default): the kit accepts 1..16.
+DRAFT_N_MAX = (1, 16, "a draft length 1-16")
+RANGES: dict[str, tuple[int, int | None, str]] = {
+    "llama_server_port": PORT,
+    "llama_server_spec_draft_n_max": DRAFT_N_MAX,
+    "llama_server_spec_draft_n_min": (0, 16, "a draft length 0-16"),
+    "llama_server_ctx_size": POSITIVE,
+    "llama_server_parallel": POSITIVE,
+    "llama_server_batch_size": POSITIVE,
+    "llama_server_ubatch_size": POSITIVE,
+    "llama_server_threads": POSITIVE,
+    "llama_server_threads_batch": POSITIVE,
+    "llama_server_health_timeout": POSITIVE,
+    "llama_server_canary_tokens": POSITIVE,
+    "llama_server_restart_sec": NON_NEGATIVE,
+    "llama_server_stop_timeout": POSITIVE,
+    "llama_server_memory_budget_mib": POSITIVE,
+    "llama_server_memory_headroom_mib": NON_NEGATIVE,
+    "llama_server_container_memory_margin_mib": NON_NEGATIVE,
+    "llama_server_container_memory_floor_mib": NON_NEGATIVE,
+    "llama_server_container_pids_limit": (
+        64,
+        None,
+        "64 or more (llama-server runs a thread per core and its HTTP workers)",
+    ),
+    "llama_server_container_log_max_file": (1, 999, "1-999 rotated files"),
+    "models_fetch_retries": NON_NEGATIVE,
+    "models_mirror_port": PORT,
+    "models_sandbox_hub_port": PORT,
+    "models_mirror_idle_timeout": POSITIVE,
+    "models_mirror_max_age": POSITIVE,
+    "nvidia_driver_reboot_timeout": POSITIVE,
+    "nvidia_driver_vram_tolerance_mib": NON_NEGATIVE,
+    "llamacpp_image_build_number": POSITIVE,
+    "llamacpp_image_build_timeout": POSITIVE,
+    "llama_bench_draft_max": DRAFT_N_MAX,
+    "llama_bench_concurrency_max": POSITIVE,
+    "llama_bench_n_predict": POSITIVE,
+    "llama_bench_warmup": NON_NEGATIVE,
+    "llama_bench_repeats": POSITIVE,
+    "llama_bench_passes": POSITIVE,
+    "llama_bench_request_timeout": POSITIVE,
+    "container_harness_rig_boot_timeout": POSITIVE,
+}
+GPU_LAYER_VARIABLES = ("llama_server_gpu_layers", "llama_server_gpu_layers_draft")
+# docker's --log-opt max-size: a number and a unit (k, m, g).
+LOG_SIZE_RE = re.compile(r"^[1-9][0-9]{0,5}[kmg]$")
+MIN_CONTAINER_MEMORY_MIB = 256
