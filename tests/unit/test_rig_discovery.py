@@ -16,17 +16,8 @@ import yaml
 from ansible.module_utils.gguf_metadata import read_gguf_metadata
 from ansible.module_utils.server_preflight import MIB, estimate_memory
 
-from rigkit.rig_discovery import (
-    DiscoverError,
-    add_inventory_line,
-    catalog_meta,
-    parse_gather,
-    parse_lspci,
-    parse_nvidia_smi,
-    parse_secure_boot,
-    plan_profile,
-    render_host_vars,
-)
+from rigkit.rig_discovery import add_inventory_line, catalog_meta, plan_profile, render_host_vars
+from rigkit.rig_facts import DiscoverError, parse_gather, parse_lspci, parse_nvidia_smi, parse_secure_boot
 from tests.support import REPO, recap, run
 from tests.unit.test_server_preflight import E2B, assistant_header, gemma4_header
 
@@ -350,7 +341,7 @@ def test_make_discover_needs_host_and_address() -> None:
 
 def test_the_gather_script_reads_this_machine() -> None:
     """The script itself, run by a real sh on this machine (a CPU-only VM): every section parses."""
-    from rigkit.rig_discovery import GATHER_SCRIPT
+    from rigkit.rig_facts import GATHER_SCRIPT
 
     done = subprocess.run(["sh", "-s"], input=GATHER_SCRIPT, capture_output=True, text=True, check=True)
     facts = parse_gather(done.stdout)
@@ -400,7 +391,7 @@ def test_unknown_pci_id() -> None:
     line = "01:00.0 VGA compatible controller [0300]: NVIDIA Corporation GB202 [GeForce RTX 5090] [10de:2b85] (rev a1)"
     with pytest.raises(DiscoverError) as caught:
         plan(gathered(lspci=line))
-    assert "not in the kit's table (rigkit/rig_discovery.py PCI_GPUS)" in str(caught.value)
+    assert "not in the kit's table (rigkit/rig_facts.py PCI_GPUS)" in str(caught.value)
     assert line in str(caught.value) and "install the driver (nvidia-smi)" in str(caught.value)
 
 

@@ -1,0 +1,307 @@
+"""What a machine reports about itself, read without changing it: GATHER_SCRIPT (run over SSH or `docker exec`)
+and pure parsers of its output into Facts (OS, kernel, Secure Boot, CPU, memory, disk, NVIDIA GPUs from
+nvidia-smi, or from lspci through the PCI_GPUS table when no driver answers). rigkit/rig_discovery.py turns Facts
+into a host profile. Tested on canned outputs of real machines in tests/unit/test_rig_discovery.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+class DiscoverError(Exception):
+    """What was found, and what to do next."""
+
+
+MODELS_DIR = "/var/lib/rigkit/models"  # roles/models default (models_dir)
+SMI_FIELDS = "name,memory.total,compute_cap,driver_version"
+# nvidia-smi calls the display column display_attached from driver 565 (Yes/No), display_mode before (Enabled/
+# Disabled); an unknown field fails the whole query, so the script asks the new name first, then the old one.
+GATHER_SCRIPT = f"""\
+echo '@@os-release'; cat /etc/os-release 2>/dev/null
+echo '@@kernel'; uname -r; uname -m
+echo '@@secure-boot'
+if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; \
+elif [ -d /sys/firmware/efi ]; then \
+f=$(ls /sys/firmware/efi/efivars/SecureBoot-* 2>/dev/null | head -n 1); \
+if [ -n "$f" ]; then echo "efivar $(od -An -tu1 -j4 -N1 "$f" | tr -d ' ')"; \
+else echo 'efi without SecureBoot variable'; fi; \
+else echo 'no EFI (legacy BIOS boot)'; fi
+echo '@@cpuinfo'; cat /proc/cpuinfo
+echo '@@nproc'; nproc
+echo '@@meminfo'; cat /proc/meminfo
+echo '@@df'; d={MODELS_DIR}; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; echo "$d"; df -Pk "$d"
+echo '@@nvidia-smi'
+if command -v nvidia-smi >/dev/null 2>&1; then \
+if out=$(nvidia-smi --query-gpu={SMI_FIELDS},display_attached --format=csv,noheader,nounits 2>&1); then echo "$out"; \
+elif out=$(nvidia-smi --query-gpu={SMI_FIELDS},display_mode --format=csv,noheader,nounits 2>&1); then echo "$out"; \
+else echo "$out"; echo '@@failed'; fi; else echo '@@absent'; fi
+echo '@@lspci'
+if command -v lspci >/dev/null 2>&1; then lspci -nn 2>&1; else echo '@@absent'; fi
+echo '@@end'
+"""
+
+NVIDIA_VENDOR = "10de"
+
+
+# ---------------------------------------------------------------------------------------------- PCI table
+@dataclass(frozen=True)
+class PciGpu:
+    name: str  # as nvidia-smi names it
+    vram_mib: tuple[int, ...]  # several: the ID is shared by memory variants
+    compute_capability: str
+
+
+# Device IDs of vendor 10de from the PCI ID database (pci-ids.ucw.cz, the names `lspci` prints); memory sizes
+# and compute capabilities from NVIDIA's product pages and its CUDA GPU list (developer.nvidia.com/cuda-gpus).
+# An ID with several memory sizes lists them all: discover then asks for vram=MIB.
+PCI_GPUS: dict[str, PciGpu] = {
+    "1c82": PciGpu("NVIDIA GeForce GTX 1050 Ti", (4096,), "6.1"),
+    "1f82": PciGpu("NVIDIA GeForce GTX 1650", (4096,), "7.5"),
+    "1f95": PciGpu("NVIDIA GeForce GTX 1650 Ti", (4096,), "7.5"),  # TU117M, the laptop chip
+    "1e89": PciGpu("NVIDIA GeForce RTX 2060", (6144,), "7.5"),
+    "1f08": PciGpu("NVIDIA GeForce RTX 2060", (6144,), "7.5"),  # TU106 Rev. A
+    "1f03": PciGpu("NVIDIA GeForce RTX 2060 12GB", (12288,), "7.5"),
+    "2507": PciGpu("NVIDIA GeForce RTX 3050", (8192,), "8.6"),
+    "2508": PciGpu("NVIDIA GeForce RTX 3050 OEM", (8192,), "8.6"),
+    "2582": PciGpu("NVIDIA GeForce RTX 3050", (8192,), "8.6"),
+    "2503": PciGpu("NVIDIA GeForce RTX 3060", (12288,), "8.6"),
+    "2504": PciGpu("NVIDIA GeForce RTX 3060", (12288,), "8.6"),  # Lite Hash Rate
+    "2487": PciGpu("NVIDIA GeForce RTX 3060", (8192, 12288), "8.6"),  # GA104: 8 GB and 12 GB boards
+    "2484": PciGpu("NVIDIA GeForce RTX 3070", (8192,), "8.6"),
+    "2206": PciGpu("NVIDIA GeForce RTX 3080", (10240, 12288), "8.6"),
+    "2204": PciGpu("NVIDIA GeForce RTX 3090", (24576,), "8.6"),
+    "2882": PciGpu("NVIDIA GeForce RTX 4060", (8192,), "8.9"),
+    "2803": PciGpu("NVIDIA GeForce RTX 4060 Ti", (8192, 16384), "8.9"),
+    "2786": PciGpu("NVIDIA GeForce RTX 4070", (12288,), "8.9"),
+    "2782": PciGpu("NVIDIA GeForce RTX 4070 Ti", (12288,), "8.9"),
+    "2684": PciGpu("NVIDIA GeForce RTX 4090", (24576,), "8.9"),
+}
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+@dataclass
+class Gpu:
+    name: str
+    vram_mib: int | None  # None: several variants, ask the user
+    compute_capability: str
+    source: str  # "nvidia-smi" or "lspci"
+    display_attached: bool | None = None
+    driver_version: str | None = None
+    pci_id: str | None = None
+    vram_choices: tuple[int, ...] = ()
+
+
+@dataclass
+class Facts:
+    os_id: str = ""
+    os_version: str = ""
+    os_pretty: str = ""
+    os_codename: str = ""
+    kernel: str = ""
+    arch: str = ""
+    secure_boot: str = "unknown"
+    cpu_model: str = ""
+    cpu_cores: int = 0
+    mem_mib: int = 0
+    disk_path: str = ""
+    disk_free_mib: int = 0
+    gpus: list[Gpu] = field(default_factory=list)
+    other_displays: list[str] = field(default_factory=list)  # non-NVIDIA VGA controllers (an iGPU)
+    nvidia_smi: str = "absent"  # absent | failed | ok
+    lspci: str = "absent"  # absent | ok
+    unknown_nvidia: list[str] = field(default_factory=list)  # lspci lines of NVIDIA GPUs not in PCI_GPUS
+    notes: list[str] = field(default_factory=list)  # worth saying, not stopping
+
+
+def sections(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    name = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("@@") and line[2:] not in ("absent", "failed"):
+            if name is not None:
+                out[name] = "\n".join(lines)
+            name, lines = line[2:].strip(), []
+        elif name is not None:
+            lines.append(line)
+    if name is not None:
+        out[name] = "\n".join(lines)
+    return out
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip().strip('"').strip("'")
+    return values
+
+
+def parse_secure_boot(text: str) -> str:
+    lowered = text.lower()
+    if "secureboot enabled" in lowered or lowered.strip() == "efivar 1":
+        return "enabled"
+    if "secureboot disabled" in lowered or lowered.strip() == "efivar 0":
+        return "disabled"
+    if "not supported" in lowered or "no efi" in lowered:
+        return "not available (no EFI)"
+    if "without secureboot variable" in lowered:
+        return "not available (EFI without a SecureBoot variable)"
+    return "unknown"
+
+
+def parse_cpuinfo(text: str) -> str:
+    for key in ("model name", "Hardware", "Model", "cpu model"):
+        for line in text.splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == key and value.strip():
+                return " ".join(value.split())
+    return "unknown"
+
+
+def parse_meminfo(text: str) -> int:
+    """MemTotal in MiB (what Ansible's memtotal_mb reports)."""
+    match = re.search(r"^MemTotal:\s+(\d+)\s+kB", text, re.MULTILINE)
+    return int(match.group(1)) // 1024 if match else 0
+
+
+def parse_df(text: str) -> tuple[str, int]:
+    """(the existing directory models will live under, free MiB) from `echo DIR; df -Pk DIR`."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 3:
+        return (lines[0] if lines else ""), 0
+    fields = lines[-1].split()
+    return lines[0], int(fields[3]) // 1024 if len(fields) >= 4 and fields[3].isdigit() else 0
+
+
+def _display(value: str) -> bool | None:
+    text = value.strip().lower()
+    if text in ("yes", "enabled", "1", "true"):
+        return True
+    if text in ("no", "disabled", "0", "false"):
+        return False
+    return None
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """Rows of `nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version,display_attached
+    --format=csv,noheader,nounits`; a line that is not such a row (an error message) is a DiscoverError."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = [part.strip() for part in line.split(",")]
+        if len(fields) != 5 or not fields[1].isdigit() or not re.fullmatch(r"\d+\.\d+", fields[2]):
+            raise DiscoverError(
+                f"nvidia-smi answered {line.strip()!r} instead of GPU rows: the driver is installed but not "
+                "working (a kernel/driver mismatch after an upgrade, or Secure Boot refusing the module). Reboot "
+                "the machine or fix the driver, then run make discover again"
+            )
+        gpus.append(
+            Gpu(
+                name=fields[0],
+                vram_mib=int(fields[1]),
+                compute_capability=fields[2],
+                source="nvidia-smi",
+                display_attached=_display(fields[4]),
+                driver_version=fields[3] or None,
+            )
+        )
+    return gpus
+
+
+LSPCI_RE = re.compile(
+    r"^(?P<slot>\S+)\s+(?P<cls>[^\[]+?)\s+\[(?P<code>03[0-9a-f]{2})\]:\s+(?P<desc>.*?)\s+"
+    r"\[(?P<vendor>[0-9a-f]{4}):(?P<device>[0-9a-f]{4})\]",
+    re.IGNORECASE,
+)
+
+
+def parse_lspci(text: str) -> tuple[list[Gpu], list[str], list[str]]:
+    """(known NVIDIA GPUs, unknown NVIDIA display controllers, other display controllers) from `lspci -nn`.
+
+    Without a driver nothing says whether a display hangs off the card: a 3D controller (class 0302) never
+    drives one, and a VGA controller is taken to drive the display unless another VGA controller (an iGPU)
+    is present, which is how laptops and most desktops with a second card are wired.
+    """
+    known: list[Gpu] = []
+    unknown: list[str] = []
+    others: list[str] = []
+    nvidia_vga: list[Gpu] = []
+    for line in text.splitlines():
+        match = LSPCI_RE.match(line.strip())
+        if not match:
+            continue
+        vendor, device = match["vendor"].lower(), match["device"].lower()
+        if vendor != NVIDIA_VENDOR:
+            if match["code"] == "0300":
+                others.append(f"{match['desc']} [{vendor}:{device}]")
+            continue
+        entry = PCI_GPUS.get(device)
+        if entry is None:
+            unknown.append(line.strip())
+            continue
+        gpu = Gpu(
+            name=entry.name,
+            vram_mib=entry.vram_mib[0] if len(entry.vram_mib) == 1 else None,
+            compute_capability=entry.compute_capability,
+            source="lspci",
+            display_attached=False if match["code"] == "0302" else None,
+            pci_id=f"{vendor}:{device}",
+            vram_choices=entry.vram_mib,
+        )
+        known.append(gpu)
+        if match["code"] == "0300":
+            nvidia_vga.append(gpu)
+    for gpu in nvidia_vga:
+        gpu.display_attached = not others
+    return known, unknown, others
+
+
+def parse_gather(text: str) -> Facts:
+    """Facts from GATHER_SCRIPT's output."""
+    part = sections(text)
+    if "end" not in part:
+        raise DiscoverError(
+            "the machine's answer stopped early (no @@end marker): it needs a POSIX shell with cat, uname, df and "
+            "nproc; the output was:\n" + text[-2000:]
+        )
+    osr = parse_os_release(part.get("os-release", ""))
+    kernel = part.get("kernel", "").split()
+    disk_path, disk_free = parse_df(part.get("df", ""))
+    facts = Facts(
+        os_id=osr.get("ID", "").lower(),
+        os_version=osr.get("VERSION_ID", ""),
+        os_pretty=osr.get("PRETTY_NAME", "unknown"),
+        os_codename=osr.get("VERSION_CODENAME", ""),
+        kernel=kernel[0] if kernel else "",
+        arch=kernel[1] if len(kernel) > 1 else "",
+        secure_boot=parse_secure_boot(part.get("secure-boot", "")),
+        cpu_model=parse_cpuinfo(part.get("cpuinfo", "")),
+        cpu_cores=int(part.get("nproc", "0").strip() or 0) if part.get("nproc", "").strip().isdigit() else 0,
+        mem_mib=parse_meminfo(part.get("meminfo", "")),
+        disk_path=disk_path,
+        disk_free_mib=disk_free,
+    )
+    smi = part.get("nvidia-smi")
+    raw = text.split("@@nvidia-smi", 1)[1].split("@@lspci", 1)[0] if "@@nvidia-smi" in text else ""
+    if "@@absent" in raw:
+        facts.nvidia_smi = "absent"
+    elif "@@failed" in raw:
+        facts.nvidia_smi = "failed"
+        said = " / ".join(line.strip() for line in (smi or "").splitlines() if line.strip() and "@@" not in line)
+        facts.notes.append(f"nvidia-smi is installed but failed ({said[:300]}): the GPU is read from lspci instead")
+    elif smi is not None:
+        facts.gpus = parse_nvidia_smi(smi)
+        facts.nvidia_smi = "ok"
+    lspci_raw = text.split("@@lspci", 1)[1].split("@@end", 1)[0] if "@@lspci" in text else ""
+    if "@@absent" not in lspci_raw:
+        facts.lspci = "ok"
+        known, unknown, others = parse_lspci(part.get("lspci", ""))
+        facts.other_displays = others
+        if facts.nvidia_smi != "ok":
+            facts.gpus, facts.unknown_nvidia = known, unknown
+    return facts
