@@ -50,17 +50,17 @@ from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 
+from rigkit.http_range import answer_range
+
 __all__ = ["MirrorError", "ModelMirror", "escape_log", "open_served_file", "resolve_request_path"]
 
 SEND_CHUNK = 8 * 1024 * 1024
 SEND_TIMEOUT_S = 120  # a client that accepts nothing for this long is dropped
 READ_TIMEOUT_S = 30.0  # a client that sends no complete request line/headers for this long is dropped
 MAX_CONNECTIONS = 32
-MAX_RANGE_DIGITS = 19  # more digits than any file size: answered 416 (never handed to int())
 WATCH_INTERVAL_S = 0.5
 
 _RESOLVE_RE = re.compile(r"^/[^/]+/[^/]+/resolve/[^/]+/.+$")
-_RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
 
 
@@ -263,44 +263,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_PUT = do_DELETE = do_PATCH = do_POST
 
-    def _wanted_range(self, size: int) -> tuple[int, int] | bool | None:
-        """(start, end_exclusive); None: no usable Range (send everything); False: unsatisfiable."""
-        header = (self.headers.get("Range") or "").strip()
-        match = _RANGE_RE.match(header)
-        if not match or (not match[1] and not match[2]):
-            return None
-        if len(match[1]) > MAX_RANGE_DIGITS or len(match[2]) > MAX_RANGE_DIGITS:
-            return False  # beyond any file; never parsed (int() refuses very long digit strings)
-        if match[1]:
-            start = int(match[1])
-            end = min(size, int(match[2]) + 1) if match[2] else size
-            if match[2] and int(match[2]) < start:
-                return None  # syntactically invalid: ignore it (RFC 9110)
-        else:
-            start, end = max(0, size - int(match[2])), size
-        if start >= size or start >= end:
-            return False
-        return start, end
-
     def _send_file(self, fd: int, st: os.stat_result, key: str) -> None:
         size = st.st_size
-        wanted = self._wanted_range(size)
+        answer = answer_range(self.headers.get("Range"), size)
         common = {
             "Accept-Ranges": "bytes",
             "ETag": f'"{st.st_ino:x}-{size:x}-{st.st_mtime_ns:x}"',
             "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
         }
-        if wanted is False:
-            self._plain(416, "range not satisfiable", {**common, "Content-Range": f"bytes */{size}"})
+        if answer.status == 416:
+            self._plain(416, "range not satisfiable", {**common, **answer.headers})
             return
-        start, end = wanted if isinstance(wanted, tuple) else (0, size)
-        self.send_response(206 if isinstance(wanted, tuple) else 200)
+        start, end = answer.start, answer.end
+        self.send_response(answer.status)
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(end - start))
-        for name, value in common.items():
+        for name, value in {**answer.headers, **common}.items():
             self.send_header(name, value)
-        if isinstance(wanted, tuple):
-            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         if self.command == "HEAD":  # counted before the answer leaves: a client never sees stale counters
             self.server.mirror._served(key, sent=0, complete=False, head=True)
             self.end_headers()
