@@ -40,7 +40,6 @@ import json
 import os
 import re
 import socket
-import stat
 import struct
 import sys
 import threading
@@ -51,8 +50,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 
 from rigkit.http_range import answer_range
+from rigkit.mirror_files import open_served_file, url_parts
 
-__all__ = ["MirrorError", "ModelMirror", "escape_log", "open_served_file", "resolve_request_path"]
+__all__ = ["MirrorError", "ModelMirror", "escape_log"]
 
 SEND_CHUNK = 8 * 1024 * 1024
 SEND_TIMEOUT_S = 120  # a client that accepts nothing for this long is dropped
@@ -60,7 +60,6 @@ READ_TIMEOUT_S = 30.0  # a client that sends no complete request line/headers fo
 MAX_CONNECTIONS = 32
 WATCH_INTERVAL_S = 0.5
 
-_RESOLVE_RE = re.compile(r"^/[^/]+/[^/]+/resolve/[^/]+/.+$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
 
 
@@ -72,54 +71,6 @@ def escape_log(text: str) -> str:
     """One log line whatever a client sent: control characters and backslashes escaped, non-ASCII as \\u."""
     escaped = _CONTROL_RE.sub(lambda m: "\\\\" if m[0] == "\\" else f"\\x{ord(m[0]):02x}", text)
     return escaped.encode("ascii", "backslashreplace").decode("ascii")
-
-
-def _url_parts(url_path: str) -> list[str] | None:
-    """The components of a servable ``/<owner>/<repo>/resolve/<revision>/<file>`` path, or None."""
-    path = urllib.parse.unquote(url_path)
-    if "\x00" in path or "\\" in path or not _RESOLVE_RE.match(path):
-        return None
-    parts = path[1:].split("/")
-    if any(part in ("", ".", "..") or part.startswith(".") for part in parts) or parts[-1].endswith(".part"):
-        return None
-    return parts
-
-
-def resolve_request_path(root: str, url_path: str) -> str | None:
-    """The file under ``root`` that ``url_path`` names, or None when it is not one the mirror may serve.
-
-    No symlink is followed anywhere below the root: the resolved path must be the literal one.
-    """
-    parts = _url_parts(url_path)
-    if parts is None:
-        return None
-    real_root = os.path.realpath(root)
-    literal = os.path.join(real_root, *parts)
-    if os.path.realpath(literal) != literal:
-        return None  # a symlink somewhere below the root (out of it, or to a hidden file or a .part)
-    return literal
-
-
-def open_served_file(root: str, parts: list[str]) -> tuple[int, os.stat_result] | None:
-    """Open ``root/<parts>`` without following any symlink, without blocking; only a regular file."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts[:-1]:
-            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = child
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        file_fd = os.open(parts[-1], flags, dir_fd=fd)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    st = os.fstat(file_fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(file_fd)
-        return None
-    os.set_blocking(file_fd, True)  # sendfile() from an O_NONBLOCK file would not wait for the socket
-    return file_fd, st
 
 
 def _is_loopback(address: str) -> bool:
@@ -244,7 +195,7 @@ class _Handler(BaseHTTPRequestHandler):
             mirror._credentialed()  # the mirror needs none: a client that sends one leaks it over plain http
         url_path = urllib.parse.urlsplit(self.path).path
         key = mirror.strip_secret(url_path)
-        parts = _url_parts(key) if key is not None else None
+        parts = url_parts(key) if key is not None else None
         if key is None or parts is None or not mirror.allowed("/".join(parts)):
             self._plain(404, "not found: the mirror serves /<owner>/<repo>/resolve/<revision>/<file> only")
             return

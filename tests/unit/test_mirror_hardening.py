@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rigkit.model_mirror import MirrorError, ModelMirror, escape_log, resolve_request_path
+from rigkit.mirror_files import resolve_request_path
+from rigkit.model_mirror import MirrorError, ModelMirror, escape_log
 
 REPO = Path(__file__).resolve().parents[2]
 RIGKIT = [sys.executable, str(REPO / "bin" / "rigkit"), "mirror"]

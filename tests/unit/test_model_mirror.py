@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from ansible.module_utils.model_fetch import FetchOptions, fetch_model
 
-from rigkit.model_mirror import MirrorError, ModelMirror, resolve_request_path
+from rigkit.mirror_files import resolve_request_path
+from rigkit.model_mirror import MirrorError, ModelMirror
 from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 
 REPO = Path(__file__).resolve().parents[2]
