@@ -8,6 +8,10 @@ skipped cheaply, keeping only their element type and length.
     meta.architecture                   # "gemma4"
     meta.arch_key("embedding_length")   # value of "gemma4.embedding_length"
     meta.vocab_size                     # length of tokenizer.ggml.tokens
+
+Why one file of ~560 lines: it is shipped to rigs inside every module that reads a GGUF (AnsiballZ carries
+module_utils files whole), and the data model, the cursor over a hostile file and its budget are one reader
+that is only ever read and changed together.
 """
 
 from __future__ import annotations
