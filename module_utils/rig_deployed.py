@@ -116,15 +116,45 @@ def image(tag: str) -> dict[str, Any] | None:
     }
 
 
+# llama-server's flags whose values `make status` shows and compares with the inventory (both spellings).
+SETTING_FLAGS = {
+    "--spec-type": "spec_type",
+    "--spec-draft-n-max": "draft_n_max",
+    "--spec-draft-n-min": "draft_n_min",
+    "--ctx-size": "ctx_size",
+    "-c": "ctx_size",
+    "--parallel": "parallel",
+    "-np": "parallel",
+}
+
+
+def server_settings(argv: list[str]) -> dict[str, Any]:
+    """The settings llama-server was started with, from its argv (the container's Args): what runs, whatever
+    the unit file or the inventory say now. The server's API does not report the draft length itself."""
+    found: dict[str, Any] = {}
+    args = iter(argv)
+    for arg in args:
+        flag, sep, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        key = SETTING_FLAGS.get(flag)
+        if key is None:
+            continue
+        if not sep:
+            value = next(args, "")
+        found[key] = int(value) if value.isdigit() else value
+    return found
+
+
 def container(name: str) -> dict[str, Any] | None:
     inspected = docker_inspect("container", name)
     if inspected is None:
         return None
+    args = inspected.get("Args") or []
     return {
         "image_id": inspected.get("Image"),
         "image": (inspected.get("Config") or {}).get("Image"),
         "running": bool((inspected.get("State") or {}).get("Running")),
         "health": ((inspected.get("State") or {}).get("Health") or {}).get("Status"),
+        "settings": server_settings([str(arg) for arg in args]),
     }
 
 

@@ -41,6 +41,22 @@ def _model(found: dict[str, Any] | None) -> str:
     return f"{found['name']} ({'verified' if found['verified'] else 'UNVERIFIED!'})"
 
 
+def _draft_ctx(expected: dict[str, Any], server: dict[str, Any], running: dict[str, Any] | None) -> str:
+    """Draft length / context per slot x slots, as the server runs them: the draft length from the container's
+    argv (the API does not report it), the slots from /slots. ' !' when any differs from the inventory."""
+    running = running or {}
+    drafting = server.get("spec_types") not in (None, "none")
+    spec = str(running.get("draft_n_max", "?")) if drafting else "off"
+    text = f"{spec}/{server.get('ctx_per_slot')}x{server.get('slots')}"
+    differs = bool(server.get("speculative")) == (expected.get("spec_type") == "none")
+    for key in ("draft_n_max", "ctx_size", "parallel"):
+        if key == "draft_n_max" and not drafting:
+            continue
+        if key in expected and str(running.get(key)) != str(expected[key]):
+            differs = True
+    return text + " !" if differs else text
+
+
 def row(host: str, status: dict[str, Any]) -> dict[str, Any]:
     """One rig's row: display strings plus the raw figures (for --json)."""
     expected = status.get("expected") or {}
@@ -67,14 +83,7 @@ def row(host: str, status: dict[str, Any]) -> dict[str, Any]:
         image_text += " (missing!)"
     elif container.get("image_id") and container["image_id"] != image.get("id"):
         image_text += " (container runs another image!)"
-    if server.get("answers"):
-        spec = "off" if server.get("spec_types") in (None, "none") else str(expected.get("draft_n_max"))
-        draft_ctx = f"{spec}/{server.get('ctx_per_slot')}x{server.get('slots')}"
-        configured_off = expected.get("spec_type") == "none"
-        if bool(server.get("speculative")) == configured_off:
-            draft_ctx += " !"
-    else:
-        draft_ctx = "-"
+    draft_ctx = _draft_ctx(expected, server, container.get("settings")) if server.get("answers") else "-"
     acceptance = server.get("acceptance")
     service = f"{unit.get('active', '?')}"
     if unit.get("uptime_s") is not None:

@@ -110,6 +110,14 @@ def test_status_shows_all_three(fleet):
     data = json.loads(as_json.output[as_json.output.index("{") :])
     assert all(data[host]["reachable"] for host in FLEET)
     assert data["sandbox-3"]["deployed"]["server"]["ctx_per_slot"] == 512
+    for host in FLEET:  # read back from the running container, equal to what the inventory says
+        running, expected = data[host]["deployed"]["container"]["settings"], data[host]["expected"]
+        assert {key: str(running.get(key)) for key in ("ctx_size", "parallel")} == {
+            key: str(expected[key]) for key in ("ctx_size", "parallel")
+        }, host
+        if expected["spec_type"] != "none":
+            assert str(running["draft_n_max"]) == str(expected["draft_n_max"]), host
+    assert " !" not in table.output, table.output
 
 
 def test_broken_rig_stops_the_rollout_and_the_others_keep_serving(fleet):

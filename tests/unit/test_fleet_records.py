@@ -8,12 +8,18 @@ import multiprocessing
 from pathlib import Path
 
 import pytest
+from ansible.module_utils.rig_deployed import server_settings
 from ansible.module_utils.rig_lock import LockError, differences, entry_from_deployed, read_lock, update_lock
 
 from rigkit.fleet_status import render, rows
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
+# llama-server's argv in a container the kit started (roles/llama_server/vars/main.yml's order)
+RUNNING_ARGV = [
+    "--model", "/m/t.gguf", "--ctx-size", "1024", "--parallel", "1", "--host", "127.0.0.1", "--port", "8080",
+    "--model-draft", "/m/d.gguf", "--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-draft-n-min", "0",
+]  # fmt: skip
 
 
 def deployed(**changes) -> dict:
@@ -31,7 +37,13 @@ def deployed(**changes) -> dict:
             "build_base_image": "rigkit/debian:bookworm-15984584e4be",
             "runtime_base_image": "rigkit/debian:bookworm-15984584e4be",
         },
-        "container": {"image_id": "sha256:" + "0" * 64, "image": "x", "running": True, "health": "healthy"},
+        "container": {
+            "image_id": "sha256:" + "0" * 64,
+            "image": "x",
+            "running": True,
+            "health": "healthy",
+            "settings": server_settings(RUNNING_ARGV),
+        },
         "unit": {"active": "active", "sub": "running", "uptime_s": 3725.0, "path": "/etc/x", "sha256": SHA},
         "models": {
             "target": {"name": "tiny-gemma4-target", "path": "/m/t.gguf", "sha256": SHA, "verified": True},
@@ -168,6 +180,30 @@ def test_status_marks_what_differs_from_the_inventory():
     assert "off/1024x1 !" in table
     assert "t (UNVERIFIED!)" in table
     assert "differs from what the inventory says" in table
+
+
+def test_status_shows_the_draft_length_the_server_runs_not_the_inventorys():
+    """The inventory says 3; the container was started with 2 (a hand-edited unit, a converge that did not
+    restart the server): the table shows 2 and marks it."""
+    argv = [arg if arg != "3" else "2" for arg in RUNNING_ARGV]
+    container = {**deployed()["container"], "settings": server_settings(argv)}
+    (row,) = rows({"sandbox-mtp": status(container=container)})
+    assert row["cells"]["draft/ctx"] == "2/1024x1 !"
+    assert "differs from what the inventory says" in render([row])
+    other_ctx = server_settings([*RUNNING_ARGV, "--ctx-size=2048"])  # the last flag wins, as in llama.cpp
+    (row,) = rows({"sandbox-mtp": status(container={**deployed()["container"], "settings": other_ctx})})
+    assert row["cells"]["draft/ctx"] == "3/1024x1 !"
+
+
+def test_server_settings_reads_both_spellings():
+    assert server_settings(
+        ["-m", "/m", "-c", "4096", "-np", "2", "--spec-type=draft-mtp", "--spec-draft-n-max", "4"]
+    ) == {
+        "ctx_size": 4096,
+        "parallel": 2,
+        "spec_type": "draft-mtp",
+        "draft_n_max": 4,
+    }
 
 
 def test_status_keeps_unreachable_rigs_with_the_reason():
