@@ -82,7 +82,6 @@ RUNTIME_VARIABLES = frozenset(
         "models_fetched",
         "models_found",
         "llamacpp_image_tag",
-        "llamacpp_image_id",
         "llama_server_effective",
         "llama_server_preflight_result",
         "llama_server_canary",
