@@ -35,6 +35,7 @@ COMMON_ENTRY_POINTS = (
     ("llama_server", "main"),
     ("rig_lock", "main"),
     ("llama_bench", "main"),
+    ("rig_context", "main"),
 )
 ENTRY_POINTS: dict[str, tuple[tuple[str, str], ...]] = {
     "gpu": (
@@ -83,6 +84,7 @@ RUNTIME_VARIABLES = frozenset(
         "models_found",
         "llamacpp_image_tag",
         "llama_server_effective",
+        "rig_context_ready",
         "llama_server_preflight_result",
         "llama_server_canary",
         "llama_server_report",
