@@ -20,12 +20,6 @@ options:
     description: Base URL of the server.
     type: str
     required: true
-  api_key:
-    description: API key, when the server requires one.
-    type: str
-  ca_file:
-    description: Certificate (PEM file on the rig) an C(https://) server is verified against (the rig's own).
-    type: path
   kinds:
     description: Prompt kinds to measure (code, prose, chat, structured).
     type: list
@@ -53,6 +47,8 @@ options:
     type: int
     default: 300
 supports_check_mode: true
+extends_documentation_fragment:
+  - rigkit_server_client
 author: rigkit
 """
 
@@ -74,15 +70,14 @@ cells:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bench_workload import BenchError, measure_setting
-from ansible.module_utils.llama_server_api import Endpoint, ServerApiError
+from ansible.module_utils.llama_server_api import CLIENT_ARGUMENT_SPEC, Endpoint, ServerApiError
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str", "required": True},
-            "api_key": {"type": "str", "no_log": True},
-            "ca_file": {"type": "path"},
+            **CLIENT_ARGUMENT_SPEC,
             "kinds": {"type": "list", "elements": "str", "required": True},
             "concurrency": {"type": "list", "elements": "int", "default": [1]},
             "n_predict": {"type": "int", "default": 64},

@@ -21,13 +21,6 @@ options:
     description: Base URL of the server, for example C(http://127.0.0.1:8080).
     type: str
     required: true
-  api_key:
-    description: API key, when the server requires one.
-    type: str
-  ca_file:
-    description: Certificate (PEM file on the host) an C(https://) server is verified against, for example the
-      rig's own self-signed one; the host name in I(url) must be among its names. Never skips verification.
-    type: path
   unit:
     description: systemd unit running the server (for liveness and its log lines).
     type: str
@@ -60,6 +53,8 @@ options:
     type: bool
     default: true
 supports_check_mode: true
+extends_documentation_fragment:
+  - rigkit_server_client
 author: rigkit
 """
 
@@ -107,6 +102,7 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llama_server_api import (
+    CLIENT_ARGUMENT_SPEC,
     Endpoint,
     ServerApiError,
     build_info,
@@ -166,8 +162,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str", "required": True},
-            "api_key": {"type": "str", "no_log": True},
-            "ca_file": {"type": "path"},
+            **CLIENT_ARGUMENT_SPEC,
             "unit": {"type": "str"},
             "timeout": {"type": "int", "default": 300},
             "canary": {"type": "bool", "default": True},

@@ -39,17 +39,13 @@ options:
   url:
     description: The server's base URL (loopback on the rig).
     type: str
-  api_key:
-    description: API key, when the server requires one.
-    type: str
-  ca_file:
-    description: Certificate (PEM file on the rig) an C(https://) server is verified against (the rig's own).
-    type: path
   server:
     description: Also ask the running server (for the status table; the lock does not need it).
     type: bool
     default: true
 supports_check_mode: true
+extends_documentation_fragment:
+  - rigkit_server_client
 author: rigkit
 """
 
@@ -95,6 +91,7 @@ server:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llama_server_api import CLIENT_ARGUMENT_SPEC
 from ansible.module_utils.rig_deployed import container, file_sha256, gpu, image, model, packages, server, unit_state
 
 
@@ -107,8 +104,7 @@ def main() -> None:
             "image": {"type": "str", "required": True},
             "models": {"type": "list", "elements": "dict", "default": []},
             "url": {"type": "str"},
-            "api_key": {"type": "str", "no_log": True},
-            "ca_file": {"type": "path"},
+            **CLIENT_ARGUMENT_SPEC,
             "server": {"type": "bool", "default": True},
         },
         supports_check_mode=True,

@@ -30,6 +30,14 @@ def tls_context(ca_file: str | None) -> ssl.SSLContext:
     return context
 
 
+# The connection options of every module that talks to the server (documented once: doc_fragments/
+# rigkit_server_client.py); the key is no_log, so Ansible scrubs it from every result and log line.
+CLIENT_ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
+    "api_key": {"type": "str", "no_log": True},
+    "ca_file": {"type": "path"},
+}
+
+
 @dataclass(frozen=True)
 class Endpoint:
     base_url: str
