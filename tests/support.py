@@ -148,13 +148,7 @@ def render_server_files(work: Path, hosts: dict[str, dict], extra: dict | None =
         }
     }
     (work / "hosts.json").write_text(json.dumps(inventory))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
+    env = json_callback_env()
     playbook = REPO / "tests" / "unit" / "playbooks" / "render_server_files.yml"
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(work / "hosts.json")]
     cmd += ["-e", json.dumps({"out_dir": str(out), **(extra or {})}), str(playbook)]
@@ -170,3 +164,36 @@ def exec_start_argv(unit: str) -> list[str]:
     joined = unit.replace("\\\n", " ")
     line = next(line for line in joined.splitlines() if line.startswith("ExecStart="))
     return shlex.split(line.removeprefix("ExecStart="))
+
+
+def json_callback_env() -> dict[str, str]:
+    """The environment of an ansible run whose stdout is the JSON callback's document."""
+    return {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+
+
+def run_module(
+    module: str, args: dict, *extra: str, system_python: bool = False, timeout: int = 180
+) -> tuple[dict, str]:
+    """`ansible localhost -c local -m MODULE -a ARGS` (the way a rig runs it); (the host's result, all it printed).
+
+    ``system_python``: run the module with /usr/bin/python3 where there is one, as a rig does (stdlib only)."""
+    import json
+    import sys
+
+    import pytest
+
+    python = "/usr/bin/python3" if system_python and Path("/usr/bin/python3").exists() else sys.executable
+    cmd = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local"]
+    cmd += ["-e", f"ansible_python_interpreter={python}", "-m", module, "-a", json.dumps(args), *extra]
+    done = subprocess.run(cmd, cwd=REPO, env=json_callback_env(), capture_output=True, text=True, timeout=timeout)
+    printed = done.stdout + done.stderr
+    try:
+        return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"], printed
+    except (ValueError, KeyError, IndexError):
+        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{printed}")

@@ -3,11 +3,9 @@ served on loopback, is installed only when its fingerprint is the pinned one."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from functools import partial
@@ -18,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.openpgp_key import KeyFileError, normalise_fingerprint, primary_fingerprints
+
+from tests import support
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,17 +77,7 @@ def test_not_a_key_is_refused(data: bytes) -> None:
 
 
 def run_module(args: dict[str, Any]) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    cmd = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local"]
-    cmd += ["-e", f"ansible_python_interpreter={sys.executable}", "-m", "apt_signing_key", "-a", json.dumps(args)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
-    return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return support.run_module("apt_signing_key", args)[0]
 
 
 def test_module_installs_the_pinned_key_and_refuses_another(keys: dict[str, Any], served: str, tmp_path: Path) -> None:

@@ -5,11 +5,8 @@ models), the real Ansible module, the role's real template."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +21,7 @@ from ansible.module_utils.server_preflight import (
     host_memory_estimate,
 )
 
+from tests import support
 from tests.support import REPO, exec_start_argv, render_server_files
 
 HOST_VARS = REPO / "inventory" / "host_vars"
@@ -89,18 +87,7 @@ def test_a_limit_below_the_estimate_is_refused_with_the_numbers(gemma3_270m_gguf
 
 # --- the on-rig module ------------------------------------------------------------------------------------
 def run_preflight(args: dict[str, Any]) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    cmd = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local"]
-    cmd += ["-e", f"ansible_python_interpreter={sys.executable}", "-m", "llama_server_preflight"]
-    cmd += ["-a", json.dumps(args)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False)
-    return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return support.run_module("llama_server_preflight", args)[0]
 
 
 def test_module_derives_the_limit_and_refuses_one_too_small(tiny_gemma4_pair: tuple[Path, Path]) -> None:

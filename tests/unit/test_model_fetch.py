@@ -13,7 +13,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -42,6 +41,7 @@ from ansible.module_utils.model_fetch import (
 
 from rigkit.sandbox.gemma3_270m import SHA256 as GEMMA3_SHA256
 from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
+from tests import support
 from tests.fixtures.hf_standin import Fault, HfStandin, make_tls_files
 from tests.support import unavailable
 
@@ -726,24 +726,8 @@ def test_standin_api_shapes_for_make_pin(hub: HfStandin, tiny: Served) -> None:
 
 # ------------------------------------------------------------------------------------------ the Ansible module
 def run_module(args: dict[str, Any], *extra: str) -> tuple[dict[str, Any], str]:
-    """Run `ansible localhost -m gguf_fetch` ad hoc; returns (host result, everything printed)."""
-    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    cmd = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local"]
-    cmd += ["-e", f"ansible_python_interpreter={python}", "-m", "gguf_fetch", "-a", json.dumps(args), *extra]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    printed = done.stdout + done.stderr
-    try:
-        result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    except (ValueError, KeyError, IndexError):
-        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{printed}")
-    return result, printed
+    """`ansible localhost -m gguf_fetch` ad hoc with the system Python; (host result, everything printed)."""
+    return support.run_module("gguf_fetch", args, *extra, system_python=True)
 
 
 def test_ansible_module_end_to_end(tiny: Served, models: Path) -> None:

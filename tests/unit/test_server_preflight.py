@@ -9,12 +9,9 @@ for the 270M at -c 2048 -np 1 it logs ``llama_kv_cache: size = 6.00 MiB (2048 ce
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,7 @@ from ansible.module_utils.server_preflight import (
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from rigkit.sandbox.tiny_gemma4 import TARGET_SHAPE, write_pair
+from tests import support
 
 REPO = Path(__file__).resolve().parents[2]
 Q4_0 = GGMLQuantizationType.Q4_0
@@ -528,22 +526,8 @@ def test_e4b_at_32k_on_the_4gb_laptop_is_refused_and_e2b_at_8k_fits(gemma4_rigs:
 
 # ------------------------------------------------------------------------------------------ the Ansible module
 def run_module(args: dict[str, Any], *extra: str) -> dict[str, Any]:
-    """Run `ansible localhost -m llama_server_preflight` ad hoc with the system Python (stdlib only on rigs)."""
-    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    cmd = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local"]
-    cmd += ["-e", f"ansible_python_interpreter={python}", "-m", "llama_server_preflight", "-a", json.dumps(args)]
-    done = subprocess.run([*cmd, *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    try:
-        return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    except (ValueError, KeyError, IndexError):
-        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}{done.stderr}")
+    """`ansible localhost -m llama_server_preflight` ad hoc with the system Python (stdlib only on rigs)."""
+    return support.run_module("llama_server_preflight", args, *extra, system_python=True)[0]
 
 
 def test_ansible_module_passes_and_refuses(tiny_gemma4_pair: tuple[Path, Path], tmp_path: Path) -> None:

@@ -8,8 +8,6 @@ import json
 import os
 import shutil
 import ssl
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +27,7 @@ from ansible.module_utils.tls_cert import (
     wanted_sans,
 )
 
+from tests import support
 from tests.support import REPO, exec_start_argv, render_server_files
 
 OPENSSL = "openssl"
@@ -252,13 +251,8 @@ def test_the_unit_serves_tls_off_the_loopback_with_paths_only(tmp_path: Path) ->
 
 
 def _module(tmp_path: Path, **args: Any) -> dict[str, Any]:
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1"}
-    env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
     params = {"cert_path": str(tmp_path / "server.crt"), "key_path": str(tmp_path / "server.key"), **args}
-    cmd = [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-m", "llama_server_tls"]
-    cmd += ["-a", json.dumps(params), "-e", f"ansible_python_interpreter={sys.executable}"]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
-    result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    result, _ = support.run_module("llama_server_tls", params)
     assert not result.get("failed"), result.get("msg")
     return result
 
