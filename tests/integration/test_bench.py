@@ -134,23 +134,13 @@ def test_server_is_restored_as_configured(benched):
     assert slots and all(slot["speculative"] for slot in slots)
 
 
-def test_tuner_picks_the_argmax_of_the_measured_medians_unless_inside_the_noise(benched, tmp_path):
+def test_tune_applies_the_reports_winner_or_leaves_the_file_alone(benched, tmp_path):
+    """Invariants only: how the tuner decides on noisy data is tested on constructed reports whose answer is known
+    (tests/unit/test_bench_report.py). Here: the winner is a measured setting, and `make tune` either leaves the
+    host's file byte-identical or writes exactly that winner, naming the report."""
     report = benched["report"]
-    mix = report["settings"]["workload"]["mix"]
-    level = report["settings"]["workload"]["concurrency"]
-    medians, per_pass = {}, {}
-    for draft in report["settings"]["draft_lengths"]:
-        cells = {c["kind"]: c for c in report["cells"] if c["draft_n_max"] == draft and c["concurrency"] == level}
-        medians[draft] = sum(
-            w * statistics.median(s["decode_tps_client"] for s in cells[k]["samples"]) for k, w in mix.items()
-        )
-        passes = sorted({s["pass"] for c in cells.values() for s in c["samples"]})
-        per_pass[draft] = [
-            sum(w * next(s["decode_tps_client"] for s in cells[k]["samples"] if s["pass"] == p) for k, w in mix.items())
-            for p in passes
-        ]
-    argmax = max(medians, key=medians.get)
-    assert report["summary"]["best_draft_n_max"] == argmax
+    best = report["summary"]["best_draft_n_max"]
+    assert best in report["settings"]["draft_lengths"]
 
     host_vars = tmp_path / f"{benched['host']}.yml"
     shutil.copy(REPO / "inventory/host_vars" / f"{benched['host']}.yml", host_vars)
@@ -169,20 +159,13 @@ def test_tuner_picks_the_argmax_of_the_measured_medians_unless_inside_the_noise(
         log_name=f"tune-{benched['host']}",
     )
     assert tuned.returncode == 0, tuned.output
-    current = report["rig"]["server"]["draft_n_max"] if report["rig"]["server"]["spec_type"] != "none" else 0
-    total = sum(mix.values())
-    if current not in medians:
-        expected = argmax
-    else:
-        noise = max(max(per_pass[d]) - min(per_pass[d]) for d in (argmax, current)) / total
-        expected = argmax if (medians[argmax] - medians[current]) / total > noise else current
     text = host_vars.read_text()
-    if expected == current:
-        assert text == original and "unchanged" in tuned.output
-    elif expected == 0:
+    if "unchanged" in tuned.output:
+        assert text == original
+    elif best == 0:
         assert "llama_server_spec_type: none  # tuned by `make tune`" in text
     else:
-        assert f"llama_server_spec_draft_n_max: {expected}  # tuned by `make tune` from {benched['path'].name}" in text
+        assert f"llama_server_spec_draft_n_max: {best}  # tuned by `make tune` from {benched['path'].name}" in text
 
 
 def test_bench_report_lists_the_run(benched):
