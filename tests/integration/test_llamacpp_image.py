@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import shutil
@@ -148,7 +149,15 @@ def test_unsupported_architecture_string_is_refused():
 def tampered_sdist(tmp_path: Path) -> Path:
     """The pinned sdist with one byte of its llama.cpp tree changed (a valid tar.gz, a different hash)."""
     original = CACHE_DIR / "llamacpp" / SDIST_NAME
-    data = bytearray(gzip.decompress(original.read_bytes()))
+    if original.is_file():
+        raw = original.read_bytes()
+    else:  # the image came from the engine by its tag, so this cache never downloaded the source: fetch it
+        import urllib.request
+
+        with urllib.request.urlopen(SANDBOX["llamacpp_image_source_url"], timeout=300) as answer:
+            raw = answer.read()
+    assert hashlib.sha256(raw).hexdigest() == SDIST_SHA256, "the pinned sdist does not match its sha256"
+    data = bytearray(gzip.decompress(raw))
     marker = data.find(b"draft-mtp")
     data[marker] ^= 0x20
     out = tmp_path / "llamacpp-src.tar.gz"

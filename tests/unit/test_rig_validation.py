@@ -486,7 +486,7 @@ def test_tags_select_a_role_for_real_and_never_skip_validation():
     assert result.returncode == 0, result.tail()
     selected = result.output
     assert "Check the rig's variables against the roles' argument specs and the kit's rules\tTAGS: [always]" in selected
-    assert "Name the rig's model paths, the sandbox images and the rig's image\tTAGS: [always]" in selected
+    assert "Name what the roles use, refusing models the catalog cannot deploy\tTAGS: [always]" in selected
     assert "llama_server : Check the configuration before touching the running server\tTAGS: [llama_server]" in selected
     assert "llama_server : Roll the server out behind its health check\tTAGS: [llama_server]" in selected
     assert "nvidia_driver : Install and hold the driver" not in selected  # another role's tasks stay out
