@@ -291,23 +291,15 @@ def test_cli_watch_ansible_outside_ansible_is_refused(tree: Path, tmp_path: Path
     assert failed.returncode == 1 and "no ansible-playbook process" in failed.stderr
 
 
-# ------------------------------------------------------------------------------------------ item 6: no token
-def test_gguf_fetch_never_sends_a_token_to_the_mirror(
-    tiny_gemma4_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The play passes no token, the rig's environment has HF_TOKEN: the mirror must still see none."""
+def served_tiny(source: Path, tmp_path: Path) -> tuple[Path, dict[str, object]]:
+    """The mirror's cache root holding ``source`` as tiny.gguf, and its catalog entry."""
     import hashlib
     import shutil
 
-    from tests.unit.test_model_fetch import run_module
-
-    source = tiny_gemma4_pair[0]
     root = tmp_path / "cache"
     served = root / rel("tiny.gguf")
     served.parent.mkdir(parents=True)
     shutil.copyfile(source, served)
-    token = "hf_" + os.urandom(12).hex()
-    monkeypatch.setenv("HF_TOKEN", token)
     entry = {
         "repo": OWNER_REPO,
         "revision": REV,
@@ -317,6 +309,19 @@ def test_gguf_fetch_never_sends_a_token_to_the_mirror(
         "architecture": "gemma4",
         "role": "target",
     }
+    return root, entry
+
+
+# ------------------------------------------------------------------------------------------ item 6: no token
+def test_gguf_fetch_never_sends_a_token_to_the_mirror(
+    tiny_gemma4_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The play passes no token, the rig's environment has HF_TOKEN: the mirror must still see none."""
+    from tests.unit.test_model_fetch import run_module
+
+    root, entry = served_tiny(tiny_gemma4_pair[0], tmp_path)
+    token = "hf_" + os.urandom(12).hex()
+    monkeypatch.setenv("HF_TOKEN", token)
     (tmp_path / "rig").mkdir()
     args = {"entry": entry, "dest": str(tmp_path / "rig" / "tiny.gguf"), "allow_insecure_http": True}
     with ModelMirror(root, secret=SECRET, allow=[rel("tiny.gguf")]) as server:
@@ -335,28 +340,11 @@ def test_an_interrupted_mirror_download_leaves_no_secret_on_the_rig(
 ) -> None:
     """Ctrl-C in the middle of a download from the mirror: the part and its metadata stay (resumable), and neither
     they nor the result carry the run's secret (it is worthless after the run, but it is the run's credential)."""
-    import hashlib
-    import shutil
-
     from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions
     from ansible.module_utils.model_fetch import fetch_model
 
-    source = tiny_gemma4_pair[0]
-    root = tmp_path / "cache"
-    served = root / rel("tiny.gguf")
-    served.parent.mkdir(parents=True)
-    shutil.copyfile(source, served)
-    entry = CatalogEntry.from_mapping(
-        {
-            "repo": OWNER_REPO,
-            "revision": REV,
-            "filename": "tiny.gguf",
-            "sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
-            "size": source.stat().st_size,
-            "architecture": "gemma4",
-            "role": "target",
-        }
-    )
+    root, mapping = served_tiny(tiny_gemma4_pair[0], tmp_path)
+    entry = CatalogEntry.from_mapping(mapping)
     rig = tmp_path / "rig"
     rig.mkdir()
 
