@@ -32,3 +32,49 @@ def tiny_gemma4_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
 
     out = tmp_path_factory.mktemp("tiny-gemma4")
     return write_pair(out / "tiny-gemma4.gguf", out / "tiny-gemma4-assistant.gguf")
+
+
+# --- Every skip explicit and counted ----------------------------------------------------------------------------
+# A skip is either "not applicable" by the inventory (tests.support.not_applicable: GPU checks on a sandbox rig)
+# or a missing prerequisite (tests.support.unavailable, which already fails under CI). Under CI any other skip
+# (a bare pytest.skip, a skipif marker that fired) fails the run, so nothing silently stops being tested.
+_SKIPS: list[tuple[str, str]] = []
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPS.append((report.nodeid, _skip_reason(report)))
+
+
+def _unaccepted_skips() -> list[tuple[str, str]]:
+    from tests.support import NOT_APPLICABLE
+
+    return [skip for skip in _SKIPS if not skip[1].startswith(NOT_APPLICABLE)]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests.support import in_ci
+
+    if in_ci() and _unaccepted_skips() and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    from tests.support import in_ci
+
+    if not _SKIPS:
+        return
+    other = _unaccepted_skips()
+    terminalreporter.write_line(
+        f"skips: {len(_SKIPS)} ({len(_SKIPS) - len(other)} not applicable by inventory, {len(other)} other)"
+    )
+    if other and in_ci():
+        for nodeid, reason in other:
+            terminalreporter.write_line(f"CI does not accept this skip: {nodeid}: {reason}", red=True)

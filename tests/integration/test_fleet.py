@@ -34,10 +34,11 @@ def health(host: str) -> str:
     return in_rig(host, "curl", "-s", f"http://127.0.0.1:{URLS[host]}/health").stdout.strip()
 
 
-def make(target: str, *extra: str, inventory: str = INVENTORY, lock: Path, log: str):
+def make(target: str, *extra: str, inventory: str = INVENTORY, lock: Path, log: str, results: bool = False):
     return run(
         ["make", "--no-print-directory", target, *extra],
         log_name=log,
+        results=results,
         ANSIBLE_INVENTORY=inventory,
         RIGKIT_LOCK_FILE=str(lock),
     )
@@ -146,10 +147,11 @@ def test_broken_rig_stops_the_rollout_and_the_others_keep_serving(fleet):
 def test_rebuild_reproduces_the_lock_entry(fleet):
     before = json.loads(fleet["lock"].read_text())["rigs"]["sandbox-3"]
     started = time.monotonic()
-    result = make("rebuild", "host=sandbox-3", lock=fleet["lock"], log="fleet-rebuild")
+    result = make("rebuild", "host=sandbox-3", lock=fleet["lock"], log="fleet-rebuild", results=True)
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.tail(80)
-    assert "Remove the models directory" in result.output and "Remove the image from the rig" in result.output
+    assert result.statuses("sandbox-3", "models : Remove the models directory") == ["changed"]
+    assert result.statuses("sandbox-3", "llamacpp_image : Remove the image from the rig") == ["changed"]
     assert "sandbox-3 reproduced its lock entry" in result.output
     after = json.loads(fleet["lock"].read_text())["rigs"]["sandbox-3"]
     assert {k: v for k, v in after.items() if k != "image"} == {k: v for k, v in before.items() if k != "image"}

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.support import recap, run
+from tests.support import Run, recap, rig_suite, run
 
 MTP_RIG = "sandbox-mtp"
 MTP_CONTAINER = "rigkit-sandbox-mtp"
@@ -21,25 +21,15 @@ def in_rig(container: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", "exec", container, *argv], capture_output=True, text=True, check=False)
 
 
-def rig_suite(host: str) -> None:
-    result = run(
-        [
-            "pytest",
-            "tests/rig",
-            f"--hosts=ansible://{host}",
-            "--ansible-inventory=inventory/hosts.yml",
-            "-p",
-            "no:cacheprovider",
-        ],
-        log_name=f"rig-suite-{host}",
-    )
-    assert result.returncode == 0, result.tail(80)
-    assert " passed" in result.output.splitlines()[-1]
-
-
 def provision(host: str, *extra: str, log: str) -> tuple[int, str]:
-    result = run(["make", "--no-print-directory", "provision", f"host={host}", f"ARGS={' '.join(extra)}"], log_name=log)
+    result = provision_run(host, *extra, log=log)
     return result.returncode, result.output
+
+
+def provision_run(host: str, *extra: str, log: str) -> Run:
+    """`make provision`, with the rigkit_results JSON to match task outcomes in."""
+    argv = ["make", "--no-print-directory", "provision", f"host={host}", f"ARGS={' '.join(extra)}"]
+    return run(argv, log_name=log, results=True)
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +54,14 @@ def unit_text(container: str = MTP_CONTAINER) -> str:
 
 def test_gemma3_self_draft_profile_passes_the_rig_suite(sandbox_provisioned):
     assert "draft acceptance" in sandbox_provisioned
-    rig_suite("sandbox")
+    suite = rig_suite("sandbox", log_name="rig-suite-sandbox")
+    assert "test_llama_server::test_journal_shows_the_drafter_loaded" in suite.passed
 
 
 def test_mtp_profile_passes_the_rig_suite(mtp_rig):
     assert "draft-mtp" in mtp_rig
-    rig_suite(MTP_RIG)
+    suite = rig_suite(MTP_RIG, log_name=f"rig-suite-{MTP_RIG}")
+    assert "test_llama_server::test_completion_drafts_and_the_journal_reports_acceptance" in suite.passed
 
 
 def test_mtp_profile_second_converge_changes_nothing(mtp_rig):
@@ -103,15 +95,17 @@ def test_mismatched_drafter_is_refused_before_the_server_is_touched(previous, tm
         check=False,
     )
     assert copied.returncode == 0
-    code, output = provision(
+    done = provision_run(
         MTP_RIG,
         "-e",
         "llama_server_drafter_path=/var/lib/rigkit/models/mismatch/wide-assistant.gguf",
         log="fault-mismatch",
     )
-    assert code != 0
-    assert "models_drafter" in output and "128" in output and "64" in output
-    assert "Restart the server" not in output.split("Check that the drafter pairs with the target")[1]
+    assert done.returncode != 0
+    (refused,) = done.tasks(MTP_RIG, "Check that the drafter pairs with the target and that the configuration fits")
+    assert refused["status"] == "failed"
+    assert "models_drafter" in refused["msg"] and "128" in refused["msg"] and "64" in refused["msg"]
+    assert done.tasks(MTP_RIG, "Restart the server") == []
     still_serving(previous)
 
 

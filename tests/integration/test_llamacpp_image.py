@@ -212,15 +212,15 @@ def test_role_refuses_a_tampered_download(rig_image, tmp_path):
         result = run(
             ["ansible-playbook", "playbooks/provision.yml", "--limit", "sandbox", "-e", json.dumps(extra)],
             log_name="image-tampered-download",
+            results=True,
         )
     finally:
         server.terminate()
         server.wait()
     assert result.returncode != 0
-    after_download = result.output.split("TASK [llamacpp_image : Download the pinned source tarball]")[1]
-    assert after_download.split("\n", 1)[1].lstrip().startswith(("[ERROR]", "fatal"))
-    assert "did not match" in after_download
-    assert "TASK [llamacpp_image : Build llama-server" not in result.output
+    (download,) = result.tasks("sandbox", "llamacpp_image : Download the pinned source tarball")
+    assert download["status"] == "failed" and "did not match" in download["msg"], download
+    assert result.tasks("sandbox", "llamacpp_image : Build llama-server") == []
     # The image the rig runs is untouched.
     assert inspect(rig_image, "docker", "exec", "rigkit-sandbox")["Id"] == inspect(rig_image)["Id"]
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from ansible.module_utils.llama_server_api import Endpoint, ServerApiError, complete, health
 
-from tests.support import REPO, exec_start_argv, recap, run, wait_for_image_build
+from tests.support import REPO, exec_start_argv, recap, rig_suite, run, wait_for_image_build
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/tls"
 INVENTORY = f"{REPO / 'inventory/hosts.yml'},{INVENTORY_DIR}"
@@ -147,13 +147,11 @@ def test_second_converge_changes_nothing_and_keeps_the_certificate(tls_rig):
 
 def test_the_rig_suite_passes_over_https(tls_rig):
     """tests/rig against this rig: every request it makes goes over https, verified on the rig itself."""
-    result = run(
-        ["pytest", "tests/rig", f"--hosts=ansible://{RIG}", "-p", "no:cacheprovider", "-rA"],
+    suite = rig_suite(
+        RIG,
         log_name="rig-suite-tls",
+        inventory=None,
         ANSIBLE_INVENTORY=INVENTORY,
         RIGKIT_CACHE_DIR=str(tls_rig["cache"]),
     )
-    assert result.returncode == 0, result.tail(80)
-    assert " passed" in result.output.splitlines()[-1]
-    passed = [line for line in result.output.splitlines() if line.startswith("PASSED ")]
-    assert any("::test_serves_tls_off_the_loopback_with_a_private_key" in line for line in passed), result.tail(80)
+    assert "test_llama_server::test_serves_tls_off_the_loopback_with_a_private_key" in suite.passed

@@ -6,9 +6,8 @@ import json
 import re
 import time
 
-import pytest
-
 from tests.rig.conftest import CATALOG, IMAGE_DEFAULTS
+from tests.support import not_applicable
 
 ACCEPTANCE_RE = re.compile(r"draft acceptance = ([0-9.]+) \(\s*(\d+) accepted /\s*(\d+) generated\)")
 
@@ -32,7 +31,7 @@ def test_health_ok(rig):
 def needs_drafter(rig) -> None:
     """A rig served without speculative decoding has no drafter to check: say so in the results."""
     if rig.settings["llama_server_spec_type"] == "none":
-        pytest.skip(f"{rig.host.backend.hostname} serves without a drafter (llama_server_spec_type: none)")
+        not_applicable(f"{rig.host.backend.hostname} serves without a drafter (llama_server_spec_type: none)")
 
 
 def test_runs_the_pinned_target(rig):

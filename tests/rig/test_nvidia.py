@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.support import REPO
+from tests.support import REPO, not_applicable
 
 DRIVER_DEFAULTS = yaml.safe_load((REPO / "roles/nvidia_driver/defaults/main.yml").read_text())
 QUERY = "nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --format=csv,noheader,nounits"
@@ -26,7 +26,7 @@ def gpu_rig(host):
     if "gpu_rigs" in hostvars.get("group_names", []) or hostvars.get("rig_gpu"):
         # A rig the inventory says has a GPU must show it: a missing device is the failure this suite exists for.
         pytest.fail(f"{name} is a GPU rig (gpu_rigs / rig_gpu) but /dev/nvidiactl is absent: no driver loaded")
-    pytest.skip(f"{name} has no GPU by inventory (not in gpu_rigs, no rig_gpu): the GPU checks do not apply")
+    not_applicable(f"{name} has no GPU by inventory (not in gpu_rigs, no rig_gpu)")
 
 
 def setting(hostvars: dict, key: str):
@@ -46,7 +46,7 @@ def test_gpu_matches_rig_gpu(gpu_rig):
     host, hostvars = gpu_rig
     expected = hostvars.get("rig_gpu") or {}
     if not expected:
-        pytest.skip("rig_gpu is not set for this host")
+        not_applicable("rig_gpu is not set for this host: no GPU model to compare with")
     name, memory, compute_cap, _ = query(host)
     assert name == expected["name"]
     assert abs(int(memory) - int(expected["vram_mib"])) <= int(setting(hostvars, "nvidia_driver_vram_tolerance_mib"))
@@ -62,8 +62,8 @@ def test_loaded_module_is_the_pinned_version(gpu_rig):
 
 def test_dkms_status_clean(gpu_rig):
     host, _ = gpu_rig
-    if not host.exists("dkms"):
-        pytest.skip("no DKMS on this rig (prebuilt kernel modules)")
+    # The nvidia_driver role installs the DKMS packages on every GPU rig (vars/<Distribution>.yml).
+    assert host.exists("dkms"), "dkms is not installed: the nvidia_driver role installs the driver's DKMS packages"
     lines = [line for line in host.check_output("dkms status").splitlines() if "nvidia" in line]
     assert lines, "dkms knows no NVIDIA module"
     kernel = host.check_output("uname -r")
@@ -89,9 +89,10 @@ def test_driver_packages_held(gpu_rig):
 
 def test_container_sees_the_gpu_through_cdi(gpu_rig):
     host, hostvars = gpu_rig
-    if not host.file("/etc/cdi/nvidia.yaml").exists:
-        pytest.skip("no CDI spec (/etc/cdi/nvidia.yaml): the NVIDIA container toolkit is not set up on this rig")
     defaults = yaml.safe_load((REPO / "roles/nvidia_container_toolkit/defaults/main.yml").read_text())
+    spec = hostvars.get("nvidia_container_toolkit_cdi_spec", defaults["nvidia_container_toolkit_cdi_spec"])
+    # The nvidia_container_toolkit role generates the spec on every GPU rig (tasks/cdi.yml).
+    assert host.file(spec).exists, f"no CDI spec ({spec}): the nvidia_container_toolkit role did not run here"
     image = hostvars.get("nvidia_container_toolkit_test_image", defaults["nvidia_container_toolkit_test_image"])
     out = host.check_output(f"docker run --rm --device nvidia.com/gpu=all {image} nvidia-smi -L")
     assert out.startswith("GPU 0:")

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset, table_name
 
-from tests.support import REPO, render_server_files
+from tests.support import REPO, render_server_files, unavailable
 
 PORT = 18437  # inside the private network namespace only
 
@@ -231,10 +231,10 @@ def test_the_ruleset_lets_allowed_clients_in_and_resets_the_others(
     out, _ = rendered
     for tool in ("unshare", "nsenter", "nft", "ip"):
         if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed (apt-get install util-linux nftables iproute2)")
+            unavailable(f"{tool} is not installed (apt-get install util-linux nftables iproute2)")
     probe = subprocess.run(["unshare", "-Urn", "true"], capture_output=True, text=True, timeout=30, check=False)
     if probe.returncode != 0:
-        pytest.skip(f"unprivileged user namespaces are not permitted here ({probe.stderr.strip()}); see the README")
+        unavailable(f"unprivileged user namespaces are not permitted here ({probe.stderr.strip()}); see the README")
     script = tmp_path / "netns.py"
     script.write_text(NAMESPACE_SCRIPT)
     done = subprocess.run(

@@ -55,6 +55,15 @@ def test_results_name_changed_and_failed_tasks_per_host(tmp_path: Path) -> None:
     assert hosts["one"]["failures"] == 0 and hosts["one"]["failed_tasks"] == []
     assert hosts["two"]["changed"] == 0 and hosts["two"]["changed_tasks"] == []
     assert hosts["two"]["failures"] == 1 and hosts["two"]["failed_tasks"] == ["Fail on two only"]
+    # Every task's outcome, in order; a failure with its message.
+    assert [(t["task"], t["status"]) for t in hosts["one"]["tasks"]] == [
+        ("Say something changed", "changed"),
+        ("Change nothing", "ok"),
+        ("Fail on two only", "skipped"),
+    ]
+    failed = hosts["two"]["tasks"][-1]
+    assert (failed["task"], failed["status"]) == ("Fail on two only", "failed")
+    assert "non-zero return code" in failed["msg"]
 
 
 def test_without_the_variable_nothing_is_written(tmp_path: Path) -> None:
