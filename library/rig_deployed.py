@@ -39,6 +39,11 @@ options:
   url:
     description: The server's base URL (loopback on the rig).
     type: str
+  driver_version:
+    description:
+      - The NVIDIA driver version the rig pins (GPU rigs). When given, every kernel under C(/boot) is read with
+        whether it has that driver's module (C(kernels)).
+    type: str
   server:
     description: Also ask the running server (for the status table; the lock does not need it).
     type: bool
@@ -84,6 +89,10 @@ container:
   description: image_id, image, running, health (null when there is no container).
   type: dict
   returned: always
+kernels:
+  description: running, newest, reboot_strands_gpu and per installed kernel whether it has the NVIDIA module.
+  type: dict
+  returned: when driver_version
 server:
   description: What the running server reports (answers false when it does not).
   type: dict
@@ -92,6 +101,7 @@ server:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llama_server_api import CLIENT_ARGUMENT_SPEC
+from ansible.module_utils.nvidia_kernels import survey
 from ansible.module_utils.rig_deployed import container, file_sha256, gpu, image, model, packages, server, unit_state
 
 
@@ -105,6 +115,7 @@ def main() -> None:
             "models": {"type": "list", "elements": "dict", "default": []},
             "url": {"type": "str"},
             **CLIENT_ARGUMENT_SPEC,
+            "driver_version": {"type": "str"},
             "server": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
@@ -124,6 +135,8 @@ def main() -> None:
             for spec in params["models"]
         },
     }
+    if params["driver_version"]:
+        result["kernels"] = survey(params["driver_version"])
     if params["server"]:
         if not params["url"]:
             module.fail_json(msg="server=true needs url")

@@ -13,6 +13,7 @@ COLUMNS = (
     "reachable",
     "gpu",
     "driver/cuda",
+    "kernel",
     "llama.cpp",
     "image",
     "target",
@@ -57,6 +58,25 @@ def _draft_ctx(expected: dict[str, Any], server: dict[str, Any], running: dict[s
     return text + " !" if differs else text
 
 
+def _kernel(kernels: dict[str, Any] | None) -> str:
+    """The running kernel and, when another is newer (the next boot's), that one; each with its NVIDIA module
+    (yes/no). ' !' when the next boot would land in a kernel without the module."""
+    if not kernels or not kernels.get("kernels"):
+        return "-"
+    by_release = {entry["release"]: entry for entry in kernels["kernels"]}
+
+    def one(release: str) -> str:
+        entry = by_release.get(release)
+        if entry is None:
+            return f"{release} (not under /boot)"
+        return f"{release} nvidia {'yes' if entry['has_module'] else 'NO'}"
+
+    text = one(kernels["running"])
+    if kernels["newest"] != kernels["running"]:
+        text += f" -> {one(kernels['newest'])}"
+    return text + " !" if kernels.get("reboot_strands_gpu") else text
+
+
 def row(host: str, status: dict[str, Any]) -> dict[str, Any]:
     """One rig's row: display strings plus the raw figures (for --json)."""
     expected = status.get("expected") or {}
@@ -95,6 +115,7 @@ def row(host: str, status: dict[str, Any]) -> dict[str, Any]:
         "reachable": "yes",
         "gpu": gpu_text,
         "driver/cuda": f"{gpu['driver']}/{gpu.get('cuda') or '?'}" if gpu else "-",
+        "kernel": _kernel(deployed.get("kernels")),
         "llama.cpp": server.get("build_info") or ("not answering" if not server.get("answers") else "?"),
         "image": image_text,
         "target": _model(models.get("target")),
@@ -119,6 +140,8 @@ def render(table_rows: list[dict[str, Any]]) -> str:
     lines = ["  ".join(column.upper().ljust(widths[column]) for column in COLUMNS).rstrip()]
     lines += ["  ".join(str(line[column]).ljust(widths[column]) for column in COLUMNS).rstrip() for line in cells]
     notes = [f"{entry['cells']['rig']}: {entry['raw']['error']}" for entry in table_rows if entry["raw"].get("error")]
+    if any(str(line["kernel"]).endswith(" !") for line in cells):
+        notes.append("kernel !: the next boot starts a kernel without the NVIDIA module (`make provision host=NAME`)")
     if any("!" in str(value) for line in cells for value in line.values()):
         notes.append("!: differs from what the inventory says (run `make check host=NAME` to see the drift)")
     return "\n".join(lines + (["", *notes] if notes else []))

@@ -141,6 +141,7 @@ RANGES: dict[str, tuple[int, int | None, str]] = {
     "models_mirror_idle_timeout": POSITIVE,
     "models_mirror_max_age": POSITIVE,
     "nvidia_driver_reboot_timeout": POSITIVE,
+    "nvidia_driver_dkms_build_timeout": POSITIVE,
     "nvidia_driver_vram_tolerance_mib": NON_NEGATIVE,
     "llamacpp_image_build_number": POSITIVE,
     "llamacpp_image_build_timeout": POSITIVE,

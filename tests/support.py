@@ -61,27 +61,104 @@ class Run:
     argv: list[str]
     returncode: int
     output: str
+    # callback_plugins/rigkit_results.py's JSON of the (last) ansible-playbook run, when run(results=True)
+    results: dict | None = None
 
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.output.splitlines()[-lines:])
 
+    def tasks(self, host: str, task: str) -> list[dict[str, str]]:
+        """The outcomes (status ok/changed/skipped/failed, msg) of every run of a task on a host, from the results
+        JSON. ``task``: the task's name, with or without the "role : " prefix Ansible gives a role's tasks."""
+        if self.results is None:
+            raise AssertionError(f"no results JSON from {self.argv}: call run(..., results=True)")
+        ran = self.results["hosts"].get(host, {}).get("tasks", [])
+        return [outcome for outcome in ran if task in (outcome["task"], outcome["task"].split(" : ", 1)[-1])]
 
-def run(argv: list[str], *, log_name: str | None = None, timeout: int = 1800, cwd: Path = REPO, **env: str) -> Run:
-    """Run a command from the repository root; keep its whole output under .artifacts/ for post-mortems."""
-    proc = subprocess.run(
-        argv,
-        cwd=cwd,
-        env=kit_env(**env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    def statuses(self, host: str, task: str) -> list[str]:
+        return [outcome["status"] for outcome in self.tasks(host, task)]
+
+
+def run(
+    argv: list[str],
+    *,
+    log_name: str | None = None,
+    timeout: int = 1800,
+    cwd: Path = REPO,
+    results: bool = False,
+    **env: str,
+) -> Run:
+    """Run a command from the repository root; keep its whole output under .artifacts/ for post-mortems.
+
+    ``results``: enable the rigkit_results callback for the ansible-playbook run(s) of the command and return its
+    JSON as ``Run.results`` (tests match outcomes there, not task names in the screen output)."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rigkit-results-") as scratch:
+        results_file = Path(scratch) / "results.json"
+        if results:
+            enabled = [name for name in os.environ.get("ANSIBLE_CALLBACKS_ENABLED", "").split(",") if name]
+            env = {
+                "ANSIBLE_CALLBACKS_ENABLED": ",".join([*enabled, "rigkit_results"]),
+                "RIGKIT_RESULTS_FILE": str(results_file),
+                **env,
+            }
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            env=kit_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
+        parsed = json.loads(results_file.read_text()) if results and results_file.exists() else None
     if log_name:
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / f"{log_name}.log").write_text(proc.stdout)
-    return Run(argv=argv, returncode=proc.returncode, output=proc.stdout)
+    return Run(argv=argv, returncode=proc.returncode, output=proc.stdout, results=parsed)
+
+
+@dataclass
+class BackgroundRun:
+    """A long command started now and collected later, its output in .artifacts/<log_name>.log as it runs."""
+
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen
+
+    @classmethod
+    def start(cls, argv: list[str], *, cwd: Path, log_name: str, **env: str) -> BackgroundRun:
+        ARTIFACTS.mkdir(exist_ok=True)
+        log = ARTIFACTS / f"{log_name}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                argv, cwd=cwd, env=kit_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return cls(argv=argv, log=log, process=process)
+
+    def wait(self, timeout: float) -> Run:
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            code = 124
+        return Run(argv=self.argv, returncode=code, output=self.log.read_text(errors="replace"))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            import signal
+
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+# Background runs of this pytest session by name (tests/integration/conftest.py starts them, their test collects).
+BACKGROUND: dict[str, BackgroundRun] = {}
 
 
 def recap(output: str) -> dict[str, dict[str, int]]:
@@ -92,11 +169,27 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     return counters
 
 
+NOT_APPLICABLE = "not applicable: "
+
+
+def not_applicable(reason: str) -> None:
+    """Skip a check the inventory says does not apply to this host (GPU checks on a sandbox rig, drafter checks on
+    a rig served without one). The only kind of skip CI accepts: tests/conftest.py fails a CI run on any other,
+    and the rig suite's callers count these against what the rig's inventory implies."""
+    import pytest
+
+    pytest.skip(NOT_APPLICABLE + reason)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
 def unavailable(reason: str) -> None:
     """Skip with the reason on a developer machine; in CI (CI=true) a missing prerequisite is a failure."""
     import pytest
 
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    if in_ci():
         pytest.fail(f"CI must provide this: {reason}")
     pytest.skip(reason)
 
@@ -197,3 +290,53 @@ def run_module(
         return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"], printed
     except (ValueError, KeyError, IndexError):
         pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{printed}")
+
+
+@dataclass
+class SuiteOutcome:
+    """What one pytest run of tests/rig reported, per test, from its JUnit XML (results, not screen output)."""
+
+    run: Run
+    passed: list[str]
+    skipped: dict[str, str]  # test -> reason
+    failed: dict[str, str]  # test -> message
+
+
+def rig_suite(host: str, *, log_name: str, inventory: str | None = "inventory/hosts.yml", **env: str) -> SuiteOutcome:
+    """Run the rig suite (tests/rig) against one rig and check every skip against what its inventory implies: a rig
+    without a GPU skips exactly the GPU checks (tests/rig/test_nvidia.py), each as not applicable, and nothing else.
+    Tests are named module::function (the parametrized host id dropped). ``inventory=None``: the one in
+    ANSIBLE_INVENTORY (``env``)."""
+    import ast
+    import tempfile
+    import xml.etree.ElementTree as ET
+
+    with tempfile.TemporaryDirectory(prefix="rig-suite-") as scratch:
+        junit = Path(scratch) / "junit.xml"
+        argv = ["pytest", "tests/rig", f"--hosts=ansible://{host}"]
+        argv += [f"--ansible-inventory={inventory}"] if inventory else []  # else ANSIBLE_INVENTORY in env
+        result = run([*argv, "-p", "no:cacheprovider", f"--junitxml={junit}"], log_name=log_name, **env)
+        # the report of the pytest run just above, not outside data
+        cases = list(ET.parse(junit).getroot().iter("testcase")) if junit.exists() else []  # noqa: S314
+        outcome = SuiteOutcome(result, [], {}, {})
+        for case in cases:
+            name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name', '').split('[', 1)[0]}"
+            skipped = case.find("skipped")
+            failed = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if failed is not None:
+                outcome.failed[name] = failed.get("message", "")
+            elif skipped is not None:
+                outcome.skipped[name] = skipped.get("message", "")
+            else:
+                outcome.passed.append(name)
+    gpu_checks = {
+        f"test_nvidia::{node.name}"
+        for node in ast.parse((REPO / "tests/rig/test_nvidia.py").read_text()).body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    }
+    assert result.returncode == 0 and not outcome.failed, result.tail(80)
+    assert outcome.passed, f"the rig suite ran no test on {host}:\n{result.tail(40)}"
+    assert set(outcome.skipped) == gpu_checks, f"skips on {host} other than the GPU checks: {outcome.skipped}"
+    for name, reason in outcome.skipped.items():
+        assert reason.startswith(NOT_APPLICABLE) and "no GPU by inventory" in reason, (name, reason)
+    return outcome

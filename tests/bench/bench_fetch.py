@@ -25,6 +25,9 @@ reported, with the load average before and after each section (the machine is sh
 With --report-dir the results, the machine (CPU model, cores, disk, kernel) and a PNG are written there as
 ``fetch-<UTC time>.json`` and ``.png``. Big files are written under --work (default: a temporary directory
 next to the gemma3 fixture) and deleted at the end, whatever happens.
+
+Why one file (661 lines): the sections share one interleaving harness, one scratch file set and one report;
+a benchmark read top to bottom is easier to trust than one spread over modules.
 """
 
 from __future__ import annotations

@@ -39,14 +39,12 @@ def kit_module_utils(name: str) -> ModuleType:
     """The kit's module_utils/<name>.py, imported once under the name Ansible modules use when ansible is present."""
     import importlib
 
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     try:
-        import ansible.module_utils
-    except ImportError:
-        if str(REPO) not in sys.path:
-            sys.path.insert(0, str(REPO))
+        import rigkit  # noqa: F401  (the one place that wires module_utils/ as ansible.module_utils)
+    except ImportError:  # no Ansible on the GPU machine: the same files under their own package name
         return importlib.import_module(f"module_utils.{name}")
-    if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(str(REPO / "module_utils"))
     return importlib.import_module(f"ansible.module_utils.{name}")
 
 

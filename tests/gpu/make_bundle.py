@@ -14,6 +14,9 @@ the file set and every file's hash before anything is built.
 
 ``flags`` reads the cmake flags from docker/Dockerfile's build stage, so the device builds exactly what the rigs'
 image builds (only the CUDA architecture differs).
+
+Why one file (567 lines): one pipeline (fetch, verify, trim, pack, verify again on the device); its verify
+step runs with the device's plain python3, outside the kit's virtualenv, so the file carries what it needs.
 """
 
 from __future__ import annotations

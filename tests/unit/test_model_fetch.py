@@ -2,6 +2,9 @@
 
 Every failure test also checks the invariant: the final path holds the previous good file, byte-identical
 (or nothing, when there was none), and no stray .part is left unless the failure is a resumable one.
+
+Why one file (796 lines): every test runs against the same stand-in server fixture and checks the same
+invariant (the previous good file intact, no stray part); the hardening and thread tests have files of their own.
 """
 
 from __future__ import annotations

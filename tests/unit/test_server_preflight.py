@@ -5,6 +5,9 @@ E2B/E4B and their drafters.
 The KV numbers were checked against llama-server b11312 (commit 0c1e57098, the kit's image) on the CPU:
 for the 270M at -c 2048 -np 1 it logs ``llama_kv_cache: size = 6.00 MiB (2048 cells, 3 layers ...)`` and
 ``size = 15.00 MiB (1024 cells, 15 layers ...)``: 21 MiB, the value derived by hand below.
+
+Why one file (564 lines): every test reads the same real GGUF files and header-only shapes built once per
+module (fixtures below); split, each part would rebuild them.
 """
 
 from __future__ import annotations

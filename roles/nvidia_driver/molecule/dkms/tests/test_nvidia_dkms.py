@@ -1,0 +1,117 @@
+"""Verify the kernel side of nvidia_driver after a real kernel update (Debian 12, module built, not loaded)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+DRIVER = "535.261.03"
+HOOK_DIRS = ("postinst.d", "header_postinst.d", "postrm.d")
+HOOK = "zz-rigkit-nvidia-driver"
+
+
+@pytest.fixture(scope="module")
+def scenario(host) -> dict:
+    return host.ansible.get_variables()
+
+
+def kernels(scenario: dict) -> list[str]:
+    return [scenario["dkms_scenario_old_kernel"], scenario["dkms_scenario_new_kernel"]]  # the broken one is gone
+
+
+def module_files(host, kernel: str) -> list[str]:
+    found = host.check_output(f"find /lib/modules/{kernel}/updates/dkms -name 'nvidia-current-open*.ko*'")
+    return found.split()
+
+
+def test_both_kernels_are_installed(host, scenario):
+    for kernel in kernels(scenario):
+        assert host.file(f"/boot/vmlinuz-{kernel}").exists, kernel
+        assert host.file(f"/lib/modules/{kernel}/build/Makefile").exists, f"headers of {kernel}"
+
+
+def test_every_kernel_has_the_pinned_module(host, scenario):
+    for kernel in kernels(scenario):
+        files = module_files(host, kernel)
+        assert any(path.endswith("/nvidia-current-open.ko") for path in files), (kernel, files)
+        for path in files:
+            assert host.check_output(f"modinfo -F version {path}") == DRIVER, path
+
+
+def hex_id(text: str) -> str:
+    return re.sub(r"[^0-9A-F]", "", text.upper()).lstrip("0")
+
+
+def test_every_module_is_signed_by_dkms_key(host, scenario):
+    """nvidia_driver_secure_boot_signing: true: signed by the key DKMS made (/var/lib/dkms/mok.pub)."""
+    cert = "openssl x509 -inform DER -in /var/lib/dkms/mok.pub -noout"
+    assert host.check_output(f"{cert} -subject -nameopt RFC2253") == "subject=CN=DKMS module signing key"
+    # sign-file names the signer by the certificate's serial (or, with -k, its subject key identifier)
+    ids = {
+        hex_id(host.check_output(f"{cert} -serial").split("=", 1)[1]),
+        hex_id(host.check_output(f"{cert} -ext subjectKeyIdentifier | tail -n 1")),
+    }
+    for kernel in kernels(scenario):
+        for path in module_files(host, kernel):
+            assert host.check_output(f"modinfo -F signer {path}") == "DKMS module signing key", path
+            assert hex_id(host.check_output(f"modinfo -F sig_key {path}")) in ids, path
+
+
+def test_dkms_status_is_clean_for_both_kernels(host, scenario):
+    lines = [line for line in host.check_output("dkms status").splitlines() if "nvidia" in line]
+    for kernel in kernels(scenario):
+        mine = [line for line in lines if f", {kernel}," in line]
+        assert mine, (kernel, lines)
+        assert all(line.endswith(": installed") and f"/{DRIVER}," in line for line in mine), mine
+    assert all(line.endswith(": installed") for line in lines), lines
+
+
+def test_headers_follow_the_kernel_flavour(host, scenario):
+    image = host.package("linux-image-amd64")
+    headers = host.package("linux-headers-amd64")
+    assert headers.is_installed, "the role installs the headers metapackage of the installed flavour"
+    assert headers.version == image.version == scenario["dkms_scenario_new_version"]
+
+
+def test_the_kernel_the_driver_cannot_build_for_is_gone(host, scenario):
+    broken = scenario["dkms_scenario_broken_kernel"]
+    assert not host.file(f"/boot/vmlinuz-{broken}").exists
+    assert f", {broken}," not in host.check_output("dkms status")
+
+
+def test_the_guard_runs_after_dkms_in_every_kernel_hook_dir_and_after_dpkg(host):
+    guard = host.file("/usr/local/lib/rigkit/nvidia-kernel-guard")
+    assert guard.exists and guard.mode == 0o755
+    assert "/usr/local/lib/rigkit/nvidia-kernel-guard apt" in host.check_output("apt-config dump DPkg::Post-Invoke")
+    for directory in HOOK_DIRS:
+        hook = host.file(f"/etc/kernel/{directory}/{HOOK}")
+        assert hook.exists and hook.mode == 0o755 and hook.user == "root", directory
+        listed = host.check_output(f"run-parts --test /etc/kernel/{directory}").split()
+        order = [line.rsplit("/", 1)[-1] for line in listed]
+        if "dkms" in order:
+            assert order.index("dkms") < order.index(HOOK), (directory, order)
+
+
+def test_the_guard_said_what_it_kept_and_when_it_let_go(host, scenario):
+    old, new = kernels(scenario)
+    broken = scenario["dkms_scenario_broken_kernel"]
+    journal = host.check_output("journalctl -t rigkit-nvidia-driver --no-pager -o cat")
+    missing = "has no NVIDIA " + re.escape(DRIVER) + r" module \([^)]*\): boot default kept on"
+    kept_old = re.search(rf"kernel {new} {missing} {old}", journal)
+    let_new = re.search(rf"kernel {new} has the NVIDIA {DRIVER} module \([^)]*\)", journal)
+    kept_new = re.search(rf"kernel {broken} {missing} {new}", journal)
+    assert kept_old and let_new and kept_new, journal
+    assert kept_old.start() < let_new.start() < kept_new.start(), journal
+
+
+def test_the_last_verdict_is_ok_and_nothing_pins_grub(host, scenario):
+    state = dict(
+        line.split("=", 1) for line in host.file("/var/lib/rigkit/nvidia-kernel-guard").content_string.splitlines()
+    )
+    assert state["verdict"] == "ok" and state["newest"] == scenario["dkms_scenario_new_kernel"], state
+    assert not host.file("/etc/default/grub.d/zz-rigkit-nvidia-driver.cfg").exists
+
+
+def test_the_module_packages_are_held(host):
+    assert host.check_output("dpkg-query -W -f='${db:Status-Want}' nvidia-open-kernel-dkms") == "hold"

@@ -1,0 +1,154 @@
+"""The pure parts of module_utils/nvidia_kernels.py (the real DKMS builds, the kernel hook and the refusal of a
+kernel without headers run in roles/nvidia_driver/molecule/dkms), and the status table's kernel column."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.module_utils.nvidia_kernels import (
+    headers_metapackages,
+    make_log_errors,
+    parse_dkms_status,
+    version_key,
+)
+
+from rigkit.fleet_status import _kernel, render, row
+
+
+def facts(**versions: str) -> dict:
+    """package_facts' shape: name -> [{name, version, ...}]."""
+    return {name: [{"name": name, "version": version, "source": "apt"}] for name, version in versions.items()}
+
+
+def test_debian_flavour_gets_its_headers_at_the_image_version():
+    packages = facts(
+        **{
+            "linux-image-amd64": "6.1.176-1",
+            "linux-image-6.1.0-50-amd64": "6.1.176-1",
+            "linux-image-6.1.0-50-amd64-dbg": "6.1.176-1",
+            "linux-headers-6.1.0-50-amd64": "6.1.176-1",
+            "nvidia-open-kernel-dkms": "535.261.03-1",
+        }
+    )
+    assert headers_metapackages(packages) == {"linux-headers-amd64": "6.1.176-1"}
+
+
+def test_ubuntu_hwe_and_cloud_flavours_each_get_their_twin():
+    packages = facts(
+        **{
+            "linux-image-generic-hwe-24.04": "6.11.0-29.29~24.04.1",
+            "linux-image-6.11.0-29-generic": "6.11.0-29.29~24.04.1",
+            "linux-image-unsigned-6.11.0-29-generic": "6.11.0-29.29~24.04.1",
+            "linux-image-cloud-amd64": "6.1.176-1",
+        }
+    )
+    assert headers_metapackages(packages) == {
+        "linux-headers-cloud-amd64": "6.1.176-1",
+        "linux-headers-generic-hwe-24.04": "6.11.0-29.29~24.04.1",
+    }
+
+
+def test_a_rig_without_a_flavour_metapackage_needs_none():
+    assert headers_metapackages(facts(**{"linux-image-6.1.0-50-amd64": "6.1.176-1"})) == {}
+    assert headers_metapackages({"linux-image-amd64": "6.1.176-1"}) == {"linux-headers-amd64": "6.1.176-1"}
+
+
+def test_kernels_sort_like_grub():
+    releases = ["6.1.0-10-amd64", "6.12.33+bpo-amd64", "6.1.0-9-amd64", "6.1.0-57-amd64"]
+    expected = ["6.1.0-9-amd64", "6.1.0-10-amd64", "6.1.0-57-amd64", "6.12.33+bpo-amd64"]
+    assert sorted(releases, key=version_key) == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "nvidia-current-open/535.261.03, 6.1.0-50-amd64, x86_64: installed",
+            ("nvidia-current-open", "535.261.03", "6.1.0-50-amd64", "installed"),
+        ),
+        ("nvidia-current-open/535.261.03: added", ("nvidia-current-open", "535.261.03", "", "added")),
+        (
+            "nvidia, 535.183.01, 6.5.0-35-generic, x86_64: installed",
+            ("nvidia", "535.183.01", "6.5.0-35-generic", "installed"),
+        ),
+    ],
+)
+def test_dkms_status_lines_of_both_dkms_generations(line, expected):
+    (record,) = parse_dkms_status(line + "\n")
+    assert (record["name"], record["version"], record["kernel"], record["state"]) == expected
+
+
+def test_make_log_errors_keep_the_lines_that_say_why():
+    log = "\n".join(
+        [
+            "make -C /lib/modules/6.1.0-57-amd64/build M=/var/lib/dkms/x/build modules",
+            "  CC [M]  nvidia/nv.o",
+            "nvidia/nv.c:42:10: fatal error: linux/foo.h: No such file or directory",
+            "make[1]: *** [scripts/Makefile.build:250: nvidia/nv.o] Error 1",
+        ]
+    )
+    assert make_log_errors(log) == [
+        "nvidia/nv.c:42:10: fatal error: linux/foo.h: No such file or directory",
+        "make[1]: *** [scripts/Makefile.build:250: nvidia/nv.o] Error 1",
+    ]
+
+
+def kernels(running: str, newest: str, with_module: set[str]) -> dict:
+    releases = sorted({running, newest}, key=version_key)
+    return {
+        "running": running,
+        "newest": newest,
+        "kernels": [{"release": r, "has_module": r in with_module} for r in releases],
+        "reboot_strands_gpu": newest not in with_module,
+    }
+
+
+def test_status_shows_the_running_kernel_and_the_next_boots():
+    assert _kernel(kernels("6.1.0-57-amd64", "6.1.0-57-amd64", {"6.1.0-57-amd64"})) == "6.1.0-57-amd64 nvidia yes"
+    both = _kernel(kernels("6.1.0-50-amd64", "6.1.0-57-amd64", {"6.1.0-50-amd64", "6.1.0-57-amd64"}))
+    assert both == "6.1.0-50-amd64 nvidia yes -> 6.1.0-57-amd64 nvidia yes"
+    assert _kernel(None) == "-"
+
+
+def test_a_pending_reboot_into_a_kernel_without_the_driver_is_marked():
+    stranded = kernels("6.1.0-50-amd64", "6.1.0-57-amd64", {"6.1.0-50-amd64"})
+    assert _kernel(stranded) == "6.1.0-50-amd64 nvidia yes -> 6.1.0-57-amd64 nvidia NO !"
+    status = {"reachable": True, "expected": {}, "deployed": {"kernels": stranded}}
+    table = render([row("desktop3050", status)])
+    assert "6.1.0-57-amd64 nvidia NO !" in table
+    assert "kernel !: the next boot starts a kernel without the NVIDIA module" in table
+
+
+def test_the_filter_gives_apt_pins():
+    from filter_plugins.nvidia_driver import FilterModule
+
+    pins = FilterModule().filters()["nvidia_headers_metapackages"]
+    assert pins(facts(**{"linux-image-amd64": "6.1.176-1"})) == ["linux-headers-amd64=6.1.176-1"]
+
+
+def test_a_module_counts_as_signed_only_by_the_certificates_key():
+    from ansible.module_utils.nvidia_kernels import KernelState, signed_by
+
+    def module(signer: str, sig_key: str) -> KernelState:
+        return KernelState(
+            "6.1.0-50-amd64", False, True, True, "linux-headers-6.1.0-50-amd64", "/m", "x", signer, sig_key
+        )
+
+    dkms_key = ("DKMS module signing key", {"1F0A9C", "AB12CD"})  # serial, subject key identifier
+    assert signed_by(module("DKMS module signing key", "1F:0A:9C"), dkms_key)
+    assert signed_by(module("DKMS module signing key", "00:1f:0a:9c"), dkms_key)  # leading zero, lower case
+    assert not signed_by(module("DKMS module signing key", "99:99"), dkms_key)  # same name, another key
+    assert not signed_by(module("Debian Secure Boot CA", "1F:0A:9C"), dkms_key)
+    assert not signed_by(module("", ""), dkms_key)
+
+
+def test_make_log_errors_skip_the_compiler_flags():
+    log = "\n".join(
+        [
+            "  gcc-12 -Wp,-MMD -Werror=strict-prototypes -Werror=implicit-int -c -o nv-pci.o nv-pci.c",
+            "/var/lib/dkms/nvidia-current-open/535.261.03/build/nvidia/nv-pci.c:223:9: error: too few arguments "
+            "to function 'pci_resize_resource'",
+            "make[3]: *** [/usr/src/linux-headers-6.1.0-57-common/scripts/Makefile.build:255: nv-pci.o] Error 1",
+        ]
+    )
+    errors = make_log_errors(log)
+    assert len(errors) == 2 and "pci_resize_resource" in errors[0] and errors[1].startswith("make[3]: ***")
