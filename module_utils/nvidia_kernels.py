@@ -261,6 +261,24 @@ def signed_by(state: KernelState, identity: tuple[str, set[str]]) -> bool:
     return not (ids and state.sig_key and _hex_id(state.sig_key) not in ids)
 
 
+def survey(
+    driver_version: str, *, boot_dir: str = BOOT_DIR, modules_dir: str = MODULES_DIR, running: str | None = None
+) -> dict[str, Any]:
+    """Every installed kernel and whether it has the module; read-only (make status, check mode)."""
+    kernels = installed_kernels(boot_dir)
+    running = running or os.uname().release
+    newest = kernels[-1] if kernels else ""
+    states = [kernel_state(k, driver_version, running=running, newest=newest, modules_dir=modules_dir) for k in kernels]
+    return {
+        "running": running,
+        "running_installed": running in kernels,
+        "newest": newest,
+        "kernels": [state.as_dict() for state in states],
+        # A reboot now would land in the newest kernel: without the module the rig comes back without its GPU.
+        "reboot_strands_gpu": bool(states) and not states[-1].has_module,
+    }
+
+
 @dataclass
 class EnsureResult:
     kernels: list[KernelState]

@@ -152,3 +152,17 @@ def test_make_log_errors_skip_the_compiler_flags():
     )
     errors = make_log_errors(log)
     assert len(errors) == 2 and "pci_resize_resource" in errors[0] and errors[1].startswith("make[3]: ***")
+
+
+def test_survey_and_ensure_on_this_machine_s_own_boot(tmp_path):
+    """The read-only survey (make status) and the refusal when no kernel is installed, on real directories:
+    this machine's /boot (a container host or CI machine may have no kernel there) and an empty one."""
+    from ansible.module_utils.nvidia_kernels import KernelModuleError, ensure_modules, survey
+
+    found = survey("535.261.03")
+    assert set(found) == {"running", "running_installed", "newest", "kernels", "reboot_strands_gpu"}
+    assert found["reboot_strands_gpu"] == (bool(found["kernels"]) and not found["kernels"][-1]["has_module"])
+    empty = survey("535.261.03", boot_dir=str(tmp_path))
+    assert empty["kernels"] == [] and empty["newest"] == "" and not empty["reboot_strands_gpu"]
+    with pytest.raises(KernelModuleError, match=r"no kernel image under .* Install the kernel"):
+        ensure_modules("535.261.03", build=False, boot_dir=str(tmp_path))
