@@ -261,17 +261,28 @@ def signed_by(state: KernelState, identity: tuple[str, set[str]]) -> bool:
     return not (ids and state.sig_key and _hex_id(state.sig_key) not in ids)
 
 
+def _kernel_states(
+    driver_version: str, boot_dir: str, modules_dir: str, running: str | None
+) -> tuple[str, str, list[KernelState]]:
+    """(running kernel, newest installed kernel, the state of each installed kernel, oldest first)."""
+    kernels = installed_kernels(boot_dir)
+    running = running or os.uname().release
+    newest = kernels[-1] if kernels else ""
+    return (
+        running,
+        newest,
+        [kernel_state(k, driver_version, running=running, newest=newest, modules_dir=modules_dir) for k in kernels],
+    )
+
+
 def survey(
     driver_version: str, *, boot_dir: str = BOOT_DIR, modules_dir: str = MODULES_DIR, running: str | None = None
 ) -> dict[str, Any]:
     """Every installed kernel and whether it has the module; read-only (make status, check mode)."""
-    kernels = installed_kernels(boot_dir)
-    running = running or os.uname().release
-    newest = kernels[-1] if kernels else ""
-    states = [kernel_state(k, driver_version, running=running, newest=newest, modules_dir=modules_dir) for k in kernels]
+    running, newest, states = _kernel_states(driver_version, boot_dir, modules_dir, running)
     return {
         "running": running,
-        "running_installed": running in kernels,
+        "running_installed": any(state.running for state in states),
         "newest": newest,
         "kernels": [state.as_dict() for state in states],
         # A reboot now would land in the newest kernel: without the module the rig comes back without its GPU.
@@ -317,15 +328,12 @@ def ensure_modules(
     """Make sure every installed kernel has the NVIDIA module of `driver_version`, building it with DKMS where
     it is missing (`build` false: check mode, report what would be built). Refuses before building anything
     when a kernel lacks its headers or DKMS does not know the driver, naming the kernel and what to install."""
-    kernels = installed_kernels(boot_dir)
-    if not kernels:
+    running, newest, states = _kernel_states(driver_version, boot_dir, modules_dir, running)
+    if not states:
         raise KernelModuleError(
             f"no kernel image under {boot_dir} (vmlinuz-*): the NVIDIA module {driver_version} is built per "
             "installed kernel. Install the kernel (Debian: linux-image-amd64, Ubuntu: linux-image-generic) first."
         )
-    running = running or os.uname().release
-    newest = kernels[-1]
-    states = [kernel_state(k, driver_version, running=running, newest=newest, modules_dir=modules_dir) for k in kernels]
     without_headers = [state for state in states if not state.has_module and not state.headers]
     if without_headers:
         listed = "; ".join(
@@ -372,6 +380,7 @@ def ensure_modules(
         states[states.index(state)] = rebuilt
         built.append(state.release)
     if require_signed and build:
+        # read again: DKMS makes its key and certificate (/var/lib/dkms/mok.*) on the first signed build
         certificate = signing_certificate()
         identity = certificate_identity(certificate) if certificate else ("", set())
         unsigned = [state for state in states if not signed_by(state, identity)]
