@@ -53,6 +53,7 @@ The memory model follows llama.cpp at commit 0c1e57098 (b11312, the tree the kit
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,9 +201,15 @@ def _facts(role: str, meta: GgufMetadata) -> dict[str, Any]:
     return facts
 
 
-def _read(path: str | os.PathLike[str], role: str, variable: str) -> tuple[GgufMetadata | None, str | None]:
+def _read_headers(path: str | os.PathLike[str]) -> GgufMetadata:
+    return read_gguf_metadata(path, read_tensors=True)
+
+
+def _read(
+    path: str | os.PathLike[str], role: str, variable: str, reader: Callable[[str], GgufMetadata] = _read_headers
+) -> tuple[GgufMetadata | None, str | None]:
     try:
-        return read_gguf_metadata(path, read_tensors=True), None
+        return reader(os.fspath(path)), None
     except FileNotFoundError:
         return None, (
             f"the {role} file {os.fspath(path)} does not exist: run the models role first (it downloads "
@@ -220,8 +227,10 @@ def preflight(
     drafter_path: str | os.PathLike[str] | None,
     settings: dict[str, Any],
     budget_mib: float,
+    reader: Callable[[str], GgufMetadata] = _read_headers,
 ) -> PreflightResult:
-    """Read both headers and run every check: pairing, context length, memory fit.
+    """Read both headers (through ``reader``: the controller keeps them cached) and run every check: pairing,
+    context length, memory fit.
 
     ``settings`` keys are those of SETTINGS_DEFAULTS (spec_type, ctx_size, parallel, cache types, flash_attn,
     gpu_layers, ...); unknown keys are a PreflightError (a typo would otherwise be silently ignored).
@@ -239,12 +248,12 @@ def preflight(
     warnings: list[str] = []
     facts: dict[str, Any] = {"spec_type": s["spec_type"], "budget_mib": budget_mib}
 
-    target, error = _read(target_path, "target", "models_target")
+    target, error = _read(target_path, "target", "models_target", reader)
     if error:
         problems.append(error)
     drafter = None
     if drafter_path:
-        drafter, error = _read(drafter_path, "drafter", "models_drafter")
+        drafter, error = _read(drafter_path, "drafter", "models_drafter", reader)
         if error:
             problems.append(error)
     if target is None or (drafter_path and drafter is None):

@@ -12,6 +12,7 @@ from typing import Any
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.module_utils.server_preflight import PreflightError, check_container_memory, preflight
 
+from rigkit.gguf_header_cache import cached_reader
 from rigkit.inventory_files import Sources
 
 
@@ -76,7 +77,9 @@ def controller_preflight(
         "headroom_mib": _int_or(values.get("llama_server_memory_headroom_mib"), 1536 if on_gpu else 256),
     }
     try:
-        result = preflight(target_path, drafter_path if spec_type != "none" else None, settings, budget)
+        result = preflight(
+            target_path, drafter_path if spec_type != "none" else None, settings, budget, cached_reader(cache_dir)
+        )
     except PreflightError as exc:
         return [f"{sources.file_of('models_target')}: cannot run the controller preflight: {exc}"]
     where = (

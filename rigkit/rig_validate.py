@@ -56,6 +56,10 @@ class Unresolved:
         self.reason = reason
 
 
+# libyaml's parser where PyYAML has it (the validation play parses every role's argument specs for every rig).
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 # ------------------------------------------------------------------------------------------ specs
 def load_specs(roles_dir: str) -> Specs:
     """{role: {entry point: options}} from every role's meta/argument_specs.yml."""
@@ -65,7 +69,7 @@ def load_specs(roles_dir: str) -> Specs:
         if not os.path.isfile(path):
             continue
         with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle) or {}
+            data = yaml.load(handle, Loader=SAFE_LOADER) or {}  # noqa: S506 - a safe loader
         specs[role] = {
             entry: dict((body or {}).get("options") or {}) for entry, body in (data.get("argument_specs") or {}).items()
         }
@@ -76,7 +80,7 @@ def plain_defaults(roles_dir: str, role: str) -> dict[str, Any]:
     """A role's defaults that need no templating (the controller preflight's fallbacks: the role's own values)."""
     path = os.path.join(roles_dir, role, "defaults", "main.yml")
     with open(path, encoding="utf-8") as handle:
-        data = yaml.safe_load(handle) or {}
+        data = yaml.load(handle, Loader=SAFE_LOADER) or {}  # noqa: S506 - a safe loader
     return {name: value for name, value in data.items() if not (isinstance(value, str) and "{{" in value)}
 
 
@@ -354,7 +358,8 @@ def _check_trained_context(report: Report, values: Mapping[str, Any], catalog: A
 
 def _secret(name: str, declared: Mapping[str, Any]) -> bool:
     """Whether a value must not be shown: a no_log option, a secret-like name, or a typo of one."""
-    names = [name, *difflib.get_close_matches(name, sorted(declared), n=3, cutoff=0.75)]
+    # A declared name is what it is; only an unknown one may be a typo of a secret's name.
+    names = [name] if name in declared else [name, *difflib.get_close_matches(name, sorted(declared), n=3, cutoff=0.75)]
     return any(SECRET_NAME_RE.search(n) or declared.get(n, {}).get("no_log") for n in names)
 
 

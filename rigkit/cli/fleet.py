@@ -9,17 +9,7 @@ import subprocess
 import sys
 
 from rigkit import REPO
-
-
-def playbook_argv(playbook: str, limit: str, *extra: str) -> list[str]:
-    """ansible-playbook of this virtualenv running one of the kit's playbooks on ``limit``."""
-    return [
-        str(pathlib.Path(sys.executable).parent / "ansible-playbook"),
-        str(REPO / "playbooks" / playbook),
-        "--limit",
-        limit,
-        *extra,
-    ]
+from rigkit.playbook_run import playbook_argv, run_with_results
 
 
 def status(args: argparse.Namespace) -> int:
@@ -57,20 +47,9 @@ def drift(args: argparse.Namespace) -> int:
 
     What changed is read from Ansible's results (callback_plugins/rigkit_results.py writes them as JSON), not
     from the screen output."""
-    import os
-    import tempfile
-
     argv = playbook_argv("provision.yml", args.limit, "--check", "--diff", *args.ansible_args)
-    with tempfile.TemporaryDirectory(prefix="rigkit-drift-") as scratch:
-        results_file = pathlib.Path(scratch) / "results.json"
-        enabled = [name for name in os.environ.get("ANSIBLE_CALLBACKS_ENABLED", "").split(",") if name]
-        env = {
-            **os.environ,
-            "ANSIBLE_CALLBACKS_ENABLED": ",".join([*enabled, "rigkit_results"]),
-            "RIGKIT_RESULTS_FILE": str(results_file),
-        }
-        done = subprocess.run(argv, cwd=REPO, env=env, check=False)
-        results = json.loads(results_file.read_text())["hosts"] if results_file.exists() else {}
+    done = run_with_results(argv)
+    results = done.hosts
     print("\nrigkit drift summary:")
     code = 0
     for host, counts in sorted(results.items()):

@@ -85,6 +85,28 @@ def test_fleet_rolls_one_rig_at_a_time(fleet):
         assert health(host) == '{"status":"ok"}', host
 
 
+def test_a_fleet_provision_runs_roles_only_on_the_rigs_that_differ(fleet):
+    """Rigs as their last converge left them take the fast path, all at once; only a rig that differs rolls."""
+    again = make("provision", f"host={','.join(FLEET)}", lock=fleet["lock"], log="fleet-provision-noop", results=True)
+    assert again.returncode == 0, again.tail(60)
+    for host in FLEET:
+        assert f"{host}: as its last converge left it" in again.output, again.tail(60)
+        assert again.tasks(host, "llama_server : Write the unit") == [], host
+        assert recap(again.output)[host]["changed"] == 0, host
+    in_rig("sandbox-3", "sh", "-c", f"echo '# edited by hand' >> {UNIT}")
+    one = make(
+        "provision", f"host={','.join(FLEET)}", lock=fleet["lock"], log="fleet-provision-one-differs", results=True
+    )
+    assert one.returncode == 0, one.tail(80)
+    assert one.statuses("sandbox-3", "llama_server : Write the unit") == ["changed"]
+    for host in ("sandbox", "sandbox-mtp"):
+        assert one.tasks(host, "llama_server : Write the unit") == [], host
+        assert recap(one.output)[host]["changed"] == 0, host
+    assert "# edited by hand" not in in_rig("sandbox-3", "cat", UNIT).stdout
+    for host in FLEET:
+        assert health(host) == '{"status":"ok"}', host
+
+
 def test_lock_records_every_rig(fleet):
     rigs = json.loads(fleet["lock"].read_text())["rigs"]
     assert sorted(rigs) == sorted(FLEET)

@@ -162,15 +162,31 @@ def test_servers_are_stopped_after_the_play(fleet: Fleet, first_run: Run) -> Non
     assert_servers_stopped(fleet)
 
 
-def test_second_run_changes_nothing_and_downloads_nothing(fleet: Fleet, first_run: Run) -> None:
+def test_second_run_changes_nothing_and_starts_no_server(fleet: Fleet, first_run: Run) -> None:
+    """Every rig holds its models verified and the cache holds them: neither server starts, nothing is fetched
+    (a server writes its stats file when it stops, so the first run's files stay as they were)."""
+    stats = [fleet.cache / "run" / f"{server}.stats.json" for server in ("sandbox-hub", "mirror")]
+    before = [path.stat().st_mtime_ns for path in stats]
     second = fleet.provision("models-fleet-second")
     assert second.returncode == 0, second.tail(120)
     counters = recap(second.output)
     for host in FLEET:
         assert counters[host]["changed"] == 0, second.tail(120)
         assert counters[host]["failed"] == 0
-    assert fleet.stats("sandbox-hub")["total_bytes"] == 0
-    assert fleet.stats("mirror")["total_bytes"] == 0
+    assert [path.stat().st_mtime_ns for path in stats] == before, "a server ran although every rig had its models"
+    assert_servers_stopped(fleet)
+
+
+def test_a_rig_that_lost_a_model_gets_only_that_one_from_the_mirror(fleet: Fleet, first_run: Run) -> None:
+    name = RIG_MODELS["fleet2"][0]
+    run(["docker", "exec", "rigkit-fleet2", "rm", "-f", rig_path(name)])
+    again = fleet.provision("models-fleet-one-lost")
+    assert again.returncode == 0, again.tail(120)
+    counters = recap(again.output)
+    assert counters["fleet2"]["changed"] >= 1 and counters["fleet1"]["changed"] == counters["fleet3"]["changed"] == 0
+    assert rig_sha256("fleet2", rig_path(name)) == CATALOG[name]["sha256"]
+    assert fleet.stats("mirror")["total_bytes"] == CATALOG[name]["size"]  # one file, to one rig
+    assert fleet.stats("sandbox-hub")["total_bytes"] == 0  # the controller's cache had it: upstream untouched
     assert_servers_stopped(fleet)
 
 

@@ -1,20 +1,61 @@
-"""The main job on the embedded default rig: `make provision host=sandbox`, then again with nothing to do."""
+"""The main job on the embedded default rig: `make provision host=sandbox`, then again with nothing to do (the
+no-op fast path), then the full path without the record, and after a hand edit."""
 
 from __future__ import annotations
 
 from tests.support import recap, run
 
+FAST_PATH = "rig_state : Compare the rig with what its last full converge recorded"
+RECORD = "/var/lib/rigkit/converged.json"
+HEALTH = "llama_server : Check that the server answers, with the canary it passed since it last started"
+ENV_TASK = "llama_server : Write the environment file (root-only, may hold the API key)"
 
-def test_second_converge_changes_nothing(sandbox_provisioned):
-    second = run(
-        ["make", "--no-print-directory", "provision", "host=sandbox"], log_name="provision-sandbox-second", results=True
-    )
+
+def provision_sandbox(log_name: str):
+    return run(["make", "--no-print-directory", "provision", "host=sandbox"], log_name=log_name, results=True)
+
+
+def test_second_converge_takes_the_fast_path_and_changes_nothing(sandbox_provisioned):
+    second = provision_sandbox("provision-sandbox-second")
     assert second.returncode == 0, second.tail(120)
     counters = recap(second.output)["sandbox"]
     assert counters["changed"] == 0, second.tail(120)
     assert counters["failed"] == 0
+    assert second.statuses("sandbox", FAST_PATH) == ["ok"]
+    assert "sandbox: as its last converge left it: no role runs on it in this run" in second.output
+    # no role ran, and the server was still asked: /health and the canary of its current run
+    assert second.tasks("sandbox", "llamacpp_image : Build the image") == []
+    assert second.tasks("sandbox", "llama_server : Write the unit") == []
+    assert second.statuses("sandbox", HEALTH) == ["ok"]
+
+
+def test_a_full_converge_of_the_converged_rig_changes_nothing_and_records_it(sandbox_provisioned):
+    """Without the record every role runs, finds what it wants (changed=0), and the record is written again."""
+    assert run(["docker", "exec", "rigkit-sandbox", "rm", "-f", RECORD]).returncode == 0
+    full = provision_sandbox("provision-sandbox-full")
+    assert full.returncode == 0, full.tail(120)
+    assert recap(full.output)["sandbox"]["changed"] == 0, full.tail(120)
+    assert "no converge recorded on this rig" in full.output
     # Nothing was built or shipped: the image with this tag is already on the controller and in the rig.
-    assert second.statuses("sandbox", "llamacpp_image : Build the image") == ["skipped"]
+    assert full.statuses("sandbox", "llamacpp_image : Build the image") == ["skipped"]
+    assert full.statuses("sandbox", "llama_server : Write the unit") == ["ok"]
+    assert full.statuses("sandbox", "rig_state : Record that the rig is as the repo describes") == ["ok"]
+    assert run(["docker", "exec", "rigkit-sandbox", "test", "-s", RECORD]).returncode == 0
+
+
+def test_a_hand_edit_on_the_rig_is_seen_and_undone(sandbox_provisioned):
+    """The fast path reads the rig's files: an edited env file sends the rig down the full path, which puts the
+    kit's file back (and restarts the server behind its canary)."""
+    env_file = "/etc/rigkit/llama-main.env"
+    assert run(["docker", "exec", "rigkit-sandbox", "sh", "-c", f"echo 'EDITED=1' >> {env_file}"]).returncode == 0
+    again = provision_sandbox("provision-sandbox-hand-edit")
+    assert again.returncode == 0, again.tail(120)
+    assert "its files changed" in again.output, again.tail(120)
+    assert again.statuses("sandbox", ENV_TASK) == ["changed"]
+    assert "EDITED" not in run(["docker", "exec", "rigkit-sandbox", "cat", env_file]).output
+    after = provision_sandbox("provision-sandbox-after-hand-edit")
+    assert after.statuses("sandbox", FAST_PATH) == ["ok"]
+    assert "sandbox: as its last converge left it" in after.output
 
 
 def test_sandbox_runs_its_own_engine(sandbox_provisioned):

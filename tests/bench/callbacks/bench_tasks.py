@@ -39,7 +39,9 @@ class CallbackModule(CallbackBase):
         host = result._host.get_name()
         key = (host, result._task._uuid)
         started = self._started.pop(key, None)
-        delegated = (result._result.get("_ansible_delegated_vars") or {}).get("ansible_delegated_host")
+        # Callbacks get a result whose delegation record keeps only the delegate's connection (ansible_host, ...).
+        via = result._result.get("_ansible_delegated_vars") or {}
+        delegated = via.get("ansible_delegated_host") or via.get("ansible_host")
         line = {
             "host": host,
             "task": result._task.get_name(),

@@ -1,0 +1,113 @@
+#!/usr/bin/python
+"""Ansible module: whether a rig is still as its last full converge left it (the no-op fast path)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: rig_converged
+short_description: Tell whether a rig is still as its last full converge left it, or record that it is
+description:
+  - >-
+    With O(state=check), reads the rig's state (module_utils/rig_state.py; the files under O(watch), every
+    installed package and its selection, O(units), the Docker images, the running kernel and DKMS's modules)
+    and compares its digest, and O(inputs), with what the last full converge recorded. RV(in_sync) is true
+    only when both are the recorded ones; RV(reasons) says which part differs. Changes nothing.
+  - >-
+    With O(state=record), after a converge that ran every role, writes the digest of O(inputs) and of the
+    state now to O(path), root-only. The record is the kit's own bookkeeping, never reported as a change, and
+    not written in check mode.
+options:
+  state:
+    description: C(check) compares; C(record) writes the record.
+    type: str
+    choices: [check, record]
+    default: check
+  inputs:
+    description: The digest of what shapes the rig, computed on the controller (filter C(rig_inputs_digest)).
+    type: str
+    required: true
+  watch:
+    description: Files and directories whose content, mode and owner the state covers (directories recursively).
+    type: list
+    elements: path
+    required: true
+  exclude:
+    description: Shell patterns of paths under O(watch) that change at run time (canary records, guard state).
+    type: list
+    elements: str
+    default: []
+  units:
+    description: systemd units whose active and enabled state the state covers.
+    type: list
+    elements: str
+    default: []
+  path:
+    description: Where the record lives on the rig.
+    type: path
+    default: /var/lib/rigkit/converged.json
+supports_check_mode: true
+author: rigkit
+"""
+
+EXAMPLES = r"""
+- name: Compare the rig with its last converge
+  rig_converged:
+    inputs: "{{ rig_inputs }}"
+    watch: [/etc/systemd/system, /etc/docker, /var/lib/rigkit]
+    exclude: ["/var/lib/rigkit/*/*.canary.json"]
+    units: [docker.service]
+  register: rig_converged
+"""
+
+RETURN = r"""
+in_sync:
+  description: Whether the inputs and the state are those the last full converge recorded.
+  returned: state=check
+  type: bool
+reasons:
+  description: Why not (no record, the inputs, or which part of the state).
+  returned: state=check
+  type: list
+  elements: str
+parts:
+  description: The digest of each part of the state now.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.rig_state import (
+    compare,
+    load_record,
+    part_digests,
+    read_state,
+    write_record,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "state": {"type": "str", "choices": ["check", "record"], "default": "check"},
+            "inputs": {"type": "str", "required": True},
+            "watch": {"type": "list", "elements": "path", "required": True},
+            "exclude": {"type": "list", "elements": "str", "default": []},
+            "units": {"type": "list", "elements": "str", "default": []},
+            "path": {"type": "path", "default": "/var/lib/rigkit/converged.json"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    exclude = [*params["exclude"], params["path"], params["path"] + ".tmp"]
+    parts = part_digests(read_state(params["watch"], exclude, params["units"]))
+    if params["state"] == "record":
+        if not module.check_mode:
+            write_record(params["inputs"], parts, params["path"])
+        module.exit_json(changed=False, parts=parts)
+    reasons = compare(load_record(params["path"]), params["inputs"], parts)
+    module.exit_json(changed=False, in_sync=not reasons, reasons=reasons, parts=parts)
+
+
+if __name__ == "__main__":
+    main()

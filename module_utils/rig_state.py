@@ -1,0 +1,173 @@
+"""What a converged rig looks like, as one digest: the fast path of a no-op converge (library/rig_converged.py).
+
+Standard library only (it runs on rigs). After a converge that ran every role, the kit records on the rig the
+digest of its inputs (computed on the controller: the kit's code and the rig's variables) and the digest of the
+rig's state read here. The next run reads the state again: when both digests are the ones recorded, every role
+would find what it wants, so the run skips them for this rig. The state is read broadly, so that a change the
+roles would undo is never missed:
+
+- every file, directory and symlink under the watched roots (the kit's and the roles' configuration: apt
+  sources, keys and settings, systemd units and their enablement links, daemon.json, the server's env file,
+  the models...): path, type, mode, owner, and the content's sha256 (a file over SMALL_FILE: size, mtime and
+  inode, as the model fetcher's verification record does); runtime records under the roots are left out;
+- every installed package with its version and selection (a hold, an upgrade: any apt change anywhere);
+- the state of the units the kit keeps running (active and enabled);
+- the Docker images the engine holds (tag and ID);
+- the running kernel and the kernel modules DKMS built.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import stat
+import subprocess
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+SMALL_FILE = 1 << 20  # bytes: hashed in full below this size
+RECORD_PATH = "/var/lib/rigkit/converged.json"
+RECORD_VERSION = 1
+
+
+def _run(argv: Sequence[str]) -> str:
+    """A read-only command's output; a missing command or a failure reads as its own marker, not an error."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"<{argv[0]}: {exc.__class__.__name__}>"
+    return done.stdout if done.returncode == 0 else f"<{argv[0]} exit {done.returncode}>\n{done.stdout}"
+
+
+def _excluded(path: str, exclude: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatch(path, pattern) for pattern in exclude)
+
+
+def _file_line(path: str, st: os.stat_result) -> str:
+    kind = stat.S_IFMT(st.st_mode)
+    head = f"{path} {oct(stat.S_IMODE(st.st_mode))} {st.st_uid}:{st.st_gid}"
+    if kind == stat.S_IFLNK:
+        return f"{head} link {os.readlink(path)}"
+    if kind == stat.S_IFDIR:
+        return f"{head} dir"
+    if kind != stat.S_IFREG:
+        return f"{head} special {kind}"
+    if st.st_size > SMALL_FILE:
+        return f"{head} file {st.st_size} {st.st_mtime_ns} {st.st_ino}"
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(block)
+    return f"{head} file {digest.hexdigest()}"
+
+
+def files(roots: Iterable[str], exclude: Sequence[str] = ()) -> list[str]:
+    """One line per file, directory and symlink under each root (the root included), sorted; a missing root is a
+    line of its own (its appearance is a change too)."""
+    lines: list[str] = []
+    for root in sorted(set(roots)):
+        try:
+            lines.append(_file_line(root, os.lstat(root)))
+        except FileNotFoundError:
+            lines.append(f"{root} absent")
+            continue
+        if not os.path.isdir(root) or os.path.islink(root):
+            continue
+        for directory, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(name for name in dirnames if not _excluded(os.path.join(directory, name), exclude))
+            for name in sorted(dirnames + filenames):
+                path = os.path.join(directory, name)
+                if _excluded(path, exclude):
+                    continue
+                try:
+                    lines.append(_file_line(path, os.lstat(path)))
+                except FileNotFoundError:  # removed while walking: the next read tells
+                    lines.append(f"{path} vanished")
+    return lines
+
+
+def packages() -> str:
+    """Every package dpkg knows, with its version and its selection and status (h: held)."""
+    return _run(["dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n"])
+
+
+def units(names: Iterable[str]) -> list[str]:
+    names = sorted(set(names))
+    if not names:
+        return []
+    shown = _run(["systemctl", "show", "--property", "Id,ActiveState,SubState,UnitFileState", "--", *names])
+    return [line for line in shown.splitlines() if line]
+
+
+def images() -> str:
+    if not os.path.exists("/var/run/docker.sock") and not os.path.exists("/run/docker.sock"):
+        return "<no docker engine>"
+    return _run(["docker", "image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}"])
+
+
+def kernel() -> list[str]:
+    release = os.uname().release
+    built = []
+    for base in sorted(os.listdir("/lib/modules")) if os.path.isdir("/lib/modules") else []:
+        updates = os.path.join("/lib/modules", base, "updates")
+        if os.path.isdir(updates):
+            built.extend(files([updates]))
+    return [f"running {release}", *built]
+
+
+def read_state(watch: Iterable[str], exclude: Sequence[str], unit_names: Iterable[str]) -> dict[str, Any]:
+    """Everything the digest covers, by part (the parts are kept so a mismatch can say where it is)."""
+    return {
+        "files": files(watch, exclude),
+        "packages": packages(),
+        "units": units(unit_names),
+        "images": images(),
+        "kernel": kernel(),
+    }
+
+
+def part_digests(state: dict[str, Any]) -> dict[str, str]:
+    return {
+        part: hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest() for part, value in state.items()
+    }
+
+
+def digest(parts: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def load_record(path: str = RECORD_PATH) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("version") == RECORD_VERSION else None
+
+
+def write_record(inputs: str, parts: dict[str, str], path: str = RECORD_PATH) -> None:
+    """Atomically, root-only (it says nothing secret, but only the kit writes it)."""
+    record = {"version": RECORD_VERSION, "inputs": inputs, "state": digest(parts), "parts": parts}
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    scratch = f"{path}.tmp"
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(scratch, path)
+
+
+def compare(record: dict[str, Any] | None, inputs: str, parts: dict[str, str]) -> list[str]:
+    """Why the rig is not as its last full converge left it ([] when it is)."""
+    if record is None:
+        return ["no converge recorded on this rig (a first converge, a rebuild, or a kit that predates the record)"]
+    reasons = []
+    if record.get("inputs") != inputs:
+        reasons.append("the inputs changed (the kit's code or this rig's variables)")
+    recorded = record.get("parts") or {}
+    reasons.extend(f"its {part} changed" for part in sorted(parts) if recorded.get(part) != parts[part])
+    return reasons

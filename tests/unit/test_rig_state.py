@@ -1,0 +1,202 @@
+"""The no-op fast path's two digests: the rig's state (module_utils/rig_state.py and library/rig_converged.py, on
+real files, with this machine's dpkg and systemd) and the controller's inputs (rigkit/rig_inputs.py); and that
+every path a role writes on a rig lies under roles/rig_state's watched roots. The converges that take the fast
+path, and the hand edits that leave it, are tests/integration/test_sandbox_provision.py and test_fleet.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
+
+# isort: split
+from ansible.module_utils.rig_state import SMALL_FILE, compare, files, part_digests, read_state, write_record
+
+from rigkit.rig_inputs import code_digest, input_names, inputs_digest, lock_digest
+from tests.support import REPO, run_module
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "etc"
+    (root / "rigkit").mkdir(parents=True)
+    (root / "rigkit" / "llama-main.env").write_text("LLAMA_ARG_PORT=18080\n")
+    (root / "docker.json").write_text("{}\n")
+    os.symlink("docker.json", root / "link")
+    return root
+
+
+def digest_of(root: Path, exclude: tuple[str, ...] = ()) -> str:
+    return part_digests({"files": files([str(root)], exclude)})["files"]
+
+
+def test_the_files_digest_follows_content_mode_links_and_presence(tree: Path) -> None:
+    before = digest_of(tree)
+    assert digest_of(tree) == before  # reading changes nothing
+    env = tree / "rigkit" / "llama-main.env"
+    env.write_text("LLAMA_ARG_PORT=18081\n")
+    assert digest_of(tree) != before
+    env.write_text("LLAMA_ARG_PORT=18080\n")
+    assert digest_of(tree) == before  # the same content again: the same state (content, not mtime)
+    env.chmod(0o600)
+    assert digest_of(tree) != before
+    env.chmod(0o644)
+    os.utime(env, (1, 1))
+    assert digest_of(tree) == before
+    (tree / "link").unlink()
+    os.symlink("rigkit", tree / "link")
+    assert digest_of(tree) != before
+
+
+def test_a_new_file_a_missing_root_and_the_excluded_paths(tree: Path, tmp_path: Path) -> None:
+    before = digest_of(tree)
+    (tree / "rigkit" / "main.canary.json").write_text("{}")
+    assert digest_of(tree) != before
+    assert digest_of(tree, ("*/rigkit/*.canary.json",)) == before
+    absent = files([str(tmp_path / "nothing-here")])
+    assert absent == [f"{tmp_path / 'nothing-here'} absent"]
+
+
+def test_big_files_count_by_size_mtime_and_inode(tmp_path: Path) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"\0" * (SMALL_FILE + 1))
+    (line,) = [entry for entry in files([str(model)]) if entry.startswith(str(model))]
+    stat = model.stat()
+    assert line.endswith(f"file {stat.st_size} {stat.st_mtime_ns} {stat.st_ino}")
+
+
+def test_compare_names_what_differs() -> None:
+    parts = {"files": "a", "packages": "b", "units": "c"}
+    assert compare(None, "in", parts)[0].startswith("no converge recorded")
+    record = {"version": 1, "inputs": "in", "parts": dict(parts)}
+    assert compare(record, "in", parts) == []
+    assert compare(record, "other", parts) == ["the inputs changed (the kit's code or this rig's variables)"]
+    assert compare(record, "in", {**parts, "packages": "x"}) == ["its packages changed"]
+
+
+def test_the_state_reads_this_machines_packages_units_and_kernel(tree: Path) -> None:
+    state = read_state([str(tree)], [], ["no-such-unit.service"])
+    assert any(line.startswith("dpkg ") or line.startswith("python3") for line in state["packages"].splitlines())
+    assert state["kernel"][0] == f"running {os.uname().release}"
+    assert any("no-such-unit.service" in line for line in state["units"]) or state["units"][0].startswith("<")
+
+
+def test_the_module_records_then_finds_the_rig_in_sync_until_a_file_changes(tree: Path, tmp_path: Path) -> None:
+    args = {"inputs": "abc", "watch": [str(tree)], "path": str(tmp_path / "state" / "converged.json")}
+    checked, printed = run_module("rig_converged", args)
+    assert checked["in_sync"] is False and "no converge recorded" in checked["reasons"][0], printed
+    recorded, printed = run_module("rig_converged", {**args, "state": "record"})
+    assert recorded["changed"] is False, printed
+    assert oct((tmp_path / "state" / "converged.json").stat().st_mode & 0o777) == "0o600"
+    again, printed = run_module("rig_converged", args)
+    assert again["in_sync"] is True and again["reasons"] == [], printed
+    other_inputs, _ = run_module("rig_converged", {**args, "inputs": "abd"})
+    assert other_inputs["in_sync"] is False
+    (tree / "rigkit" / "llama-main.env").write_text("EDITED=1\n")
+    edited, _ = run_module("rig_converged", args)
+    assert edited["in_sync"] is False and edited["reasons"] == ["its files changed"]
+
+
+def test_record_in_check_mode_writes_nothing(tree: Path, tmp_path: Path) -> None:
+    args = {"inputs": "abc", "watch": [str(tree)], "path": str(tmp_path / "converged.json"), "state": "record"}
+    result, printed = run_module("rig_converged", args, "--check")
+    assert result["changed"] is False, printed
+    assert not (tmp_path / "converged.json").exists()
+
+
+def test_write_record_leaves_no_scratch(tmp_path: Path) -> None:
+    write_record("x", {"files": "y"}, str(tmp_path / "r.json"))
+    assert not (tmp_path / "r.json.tmp").exists()
+
+
+# ----------------------------------------------------------------------------------------- inputs
+def test_the_code_digest_follows_the_kit_but_not_its_documentation(tmp_path: Path) -> None:
+    kit = tmp_path / "kit"
+    for name in ("roles", "library", "playbooks"):
+        shutil.copytree(REPO / name, kit / name, ignore=shutil.ignore_patterns("molecule", "__pycache__"))
+    for name in ("ansible.cfg", "requirements.txt"):
+        shutil.copy(REPO / name, kit / name)
+    before = code_digest(str(kit))
+    (kit / "roles" / "docker" / "README.md").write_text("a new README\n")
+    code_digest.cache_clear()
+    assert code_digest(str(kit)) == before
+    defaults = kit / "roles" / "llama_server" / "defaults" / "main.yml"
+    defaults.write_text(defaults.read_text() + "\n# an edit\n")
+    code_digest.cache_clear()
+    assert code_digest(str(kit)) != before
+
+
+def test_the_inputs_are_the_role_variables_not_the_runs_own_results() -> None:
+    names = [
+        "llama_server_ctx_size",
+        "models_target",
+        "rig_kind",
+        "model_catalog",
+        "ansible_host",
+        "groups",
+        "playbook_dir",
+        "llama_server_report",
+        "rig_state_check",
+        "rig_lock_deployed",
+        "models_missing",
+        "rig_state_inputs",
+        "inventory_hostname",
+    ]
+    assert input_names(names) == ["ansible_host", "llama_server_ctx_size", "model_catalog", "models_target", "rig_kind"]
+    values = {"llama_server_ctx_size": 2048, "models_target": "tiny", "rig_kind": "sandbox"}
+    before = inputs_digest(values, values.__getitem__)
+    assert inputs_digest(values, values.__getitem__) == before
+    assert (
+        inputs_digest({**values, "llama_server_ctx_size": 4096}, {**values, "llama_server_ctx_size": 4096}.__getitem__)
+        != before
+    )
+    assert (
+        inputs_digest({**values, "llama_server_report": {"x": 1}}, {**values, "llama_server_report": 1}.__getitem__)
+        == before
+    )
+    assert lock_digest({"unit_sha256": "a"}) != lock_digest({"unit_sha256": "b"}) != lock_digest(None)
+
+
+# ----------------------------------------------------------------------------------------- coverage
+WATCH = yaml.safe_load((REPO / "roles" / "rig_state" / "defaults" / "main.yml").read_text())["rig_state_watch"]
+# Paths roles name that are not the rig's configuration: the kernel's own files, programs and packaged files
+# (the packages part covers those), the rig's scratch for image archives (removed in the same run), the engine's
+# data (the images part), and the directories models_prune refuses to treat as its own.
+NOT_ON_THE_RIG = (
+    "/sys/",
+    "/proc/",
+    "/boot/",
+    "/lib/systemd/systemd",
+    "/usr/local/bin/dockerd",
+    "/usr/local/cuda-",
+    "/var/cache/rigkit",
+    "/usr/sbin/",
+    "/usr/bin/",
+    "/usr/share/",
+    "/lib/modules/",
+    "/var/lib/docker",
+)
+NOT_PATHS = {"/var/lib", "/srv", "/opt", "/home", "/usr", "/etc"}
+
+
+def role_paths() -> set[str]:
+    """Every absolute path written in a role's tasks, defaults or vars (up to its first template)."""
+    found: set[str] = set()
+    for folder in ("tasks", "defaults", "vars", "handlers"):
+        for path in (REPO / "roles").glob(f"*/{folder}/*.yml"):
+            for match in re.finditer(r"(?<![\w.{])(/(?:etc|usr|var|opt|lib)/[A-Za-z0-9_./-]*)", path.read_text()):
+                found.add(match.group(1).rstrip("."))
+    return found
+
+
+def test_every_path_a_role_writes_lies_under_a_watched_root() -> None:
+    paths = {path for path in role_paths() if not path.startswith(NOT_ON_THE_RIG) and path not in NOT_PATHS}
+    assert "/etc/docker/daemon.json" in paths and "/etc/apt/keyrings/docker.asc" in paths  # the scan works
+    outside = sorted(p for p in paths if not any(p == root or p.startswith(root.rstrip("/") + "/") for root in WATCH))
+    assert outside == [], f"add these to rig_state_watch (roles/rig_state/defaults/main.yml): {outside}"
