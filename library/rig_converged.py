@@ -46,6 +46,12 @@ options:
     description: Where the record lives on the rig.
     type: path
     default: /var/lib/rigkit/converged.json
+  max_age:
+    description:
+      - Seconds after which a record no longer counts (0, never), so that what depends on time alone (the server
+        certificate's renewal) is looked at again by a full converge.
+    type: int
+    default: 86400
 supports_check_mode: true
 author: rigkit
 """
@@ -95,6 +101,7 @@ def main() -> None:
             "exclude": {"type": "list", "elements": "str", "default": []},
             "units": {"type": "list", "elements": "str", "default": []},
             "path": {"type": "path", "default": "/var/lib/rigkit/converged.json"},
+            "max_age": {"type": "int", "default": 86400},
         },
         supports_check_mode=True,
     )
@@ -105,7 +112,7 @@ def main() -> None:
         if not module.check_mode:
             write_record(params["inputs"], parts, params["path"])
         module.exit_json(changed=False, parts=parts)
-    reasons = compare(load_record(params["path"]), params["inputs"], parts)
+    reasons = compare(load_record(params["path"]), params["inputs"], parts, max(params["max_age"], 0))
     module.exit_json(changed=False, in_sync=not reasons, reasons=reasons, parts=parts)
 
 

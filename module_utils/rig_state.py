@@ -24,6 +24,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -149,7 +150,13 @@ def load_record(path: str = RECORD_PATH) -> dict[str, Any] | None:
 
 def write_record(inputs: str, parts: dict[str, str], path: str = RECORD_PATH) -> None:
     """Atomically, root-only (it says nothing secret, but only the kit writes it)."""
-    record = {"version": RECORD_VERSION, "inputs": inputs, "state": digest(parts), "parts": parts}
+    record = {
+        "version": RECORD_VERSION,
+        "inputs": inputs,
+        "state": digest(parts),
+        "parts": parts,
+        "recorded_at": int(time.time()),
+    }
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
     scratch = f"{path}.tmp"
@@ -161,11 +168,18 @@ def write_record(inputs: str, parts: dict[str, str], path: str = RECORD_PATH) ->
     os.replace(scratch, path)
 
 
-def compare(record: dict[str, Any] | None, inputs: str, parts: dict[str, str]) -> list[str]:
-    """Why the rig is not as its last full converge left it ([] when it is)."""
+def compare(
+    record: dict[str, Any] | None, inputs: str, parts: dict[str, str], max_age: int = 0, now: float | None = None
+) -> list[str]:
+    """Why the rig is not as its last full converge left it ([] when it is). A record older than ``max_age``
+    seconds (0: no limit) no longer counts: what depends on time alone (a certificate due for renewal) is looked
+    at again by a full converge."""
     if record is None:
         return ["no converge recorded on this rig (a first converge, a rebuild, or a kit that predates the record)"]
     reasons = []
+    age = (time.time() if now is None else now) - float(record.get("recorded_at") or 0)
+    if max_age > 0 and age > max_age:
+        reasons.append(f"the record is {age / 3600:.0f} h old, over rig_state_max_age_hours ({max_age // 3600} h)")
     if record.get("inputs") != inputs:
         reasons.append("the inputs changed (the kit's code or this rig's variables)")
     recorded = record.get("parts") or {}

@@ -78,6 +78,11 @@ def test_compare_names_what_differs() -> None:
     assert compare(record, "in", parts) == []
     assert compare(record, "other", parts) == ["the inputs changed (the kit's code or this rig's variables)"]
     assert compare(record, "in", {**parts, "packages": "x"}) == ["its packages changed"]
+    recorded = {**record, "recorded_at": 1_000_000}
+    assert compare(recorded, "in", parts, max_age=86400, now=1_000_000 + 3600) == []
+    (old,) = compare(recorded, "in", parts, max_age=86400, now=1_000_000 + 2 * 86400)
+    assert old == "the record is 48 h old, over rig_state_max_age_hours (24 h)"
+    assert compare(recorded, "in", parts, max_age=0, now=1_000_000 + 400 * 86400) == []
 
 
 def test_the_state_reads_this_machines_packages_units_and_kernel(tree: Path) -> None:
