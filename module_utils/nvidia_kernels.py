@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ansible.module_utils.rig_command import run
 
 BOOT_DIR = "/boot"
 MODULES_DIR = "/lib/modules"
@@ -106,19 +106,9 @@ def module_file(release: str, modules_dir: str = MODULES_DIR) -> str | None:
     return None
 
 
-def _run(argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
-    if shutil.which(argv[0]) is None:
-        return 127, "", f"{argv[0]} not found"
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return 124, "", f"{' '.join(argv)} timed out after {timeout:.0f} s"
-    return done.returncode, done.stdout, done.stderr
-
-
 def modinfo_field(path: str, name: str) -> str:
     """One field of a module file's modinfo ('' when modinfo cannot read it or it has none)."""
-    code, out, _ = _run(["modinfo", "-F", name, path], timeout=20)
+    code, out, _ = run(["modinfo", "-F", name, path], timeout=20)
     return out.strip() if code == 0 else ""
 
 
@@ -237,7 +227,7 @@ def certificate_identity(path: str) -> tuple[str, set[str]]:
     identifier, as bare hex: modinfo's sig_key of a module its key signed is one of them (sign-file names the
     signer by issuer and serial, or with -k by the key identifier)."""
     for form in ("DER", "PEM"):
-        code, out, _ = _run(
+        code, out, _ = run(
             ["openssl", "x509", "-inform", form, "-in", path, "-noout", "-subject", "-nameopt", "RFC2253",
              "-serial", "-ext", "subjectKeyIdentifier"],
             timeout=20,
@@ -310,7 +300,7 @@ class EnsureResult:
 
 def _dkms_install(name: str, version: str, release: str, timeout: float, force: bool) -> tuple[int, str]:
     argv = ["dkms", "install", "-m", name, "-v", version, "-k", release] + (["--force"] if force else [])
-    code, out, err = _run(argv, timeout=timeout)
+    code, out, err = run(argv, timeout=timeout)
     return code, (out + err).strip()
 
 

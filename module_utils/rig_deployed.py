@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import time
 from typing import Any
 
 from ansible.module_utils.llama_server_api import Endpoint, ServerApiError, metrics
 from ansible.module_utils.model_fetch import sha256_file, verified_record
+from ansible.module_utils.rig_command import run
 
 # What makes up the NVIDIA stack and the container engine on a rig (the lock pins their versions).
 PACKAGE_PATTERN = re.compile(
@@ -23,13 +22,9 @@ PACKAGE_PATTERN = re.compile(
 
 
 def _run(argv: list[str], timeout: float = 20.0) -> tuple[int, str]:
-    if shutil.which(argv[0]) is None:
-        return 127, f"{argv[0]} not found"
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return 124, f"{argv[0]} timed out after {timeout:.0f} s"
-    return done.returncode, done.stdout if done.returncode == 0 else (done.stderr or done.stdout)
+    """(exit code, stdout when it succeeded, else what it said on stderr or stdout)."""
+    code, out, err = run(argv, timeout)
+    return code, out if code == 0 else (err or out)
 
 
 def packages(pattern: re.Pattern[str] = PACKAGE_PATTERN) -> dict[str, dict[str, Any]]:

@@ -23,23 +23,21 @@ import hashlib
 import json
 import os
 import stat
-import subprocess
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from ansible.module_utils.rig_command import run
 
 SMALL_FILE = 1 << 20  # bytes: hashed in full below this size
 RECORD_PATH = "/var/lib/rigkit/converged.json"
 RECORD_VERSION = 1
 
 
-def _run(argv: Sequence[str]) -> str:
+def _output(argv: Sequence[str]) -> str:
     """A read-only command's output; a missing command or a failure reads as its own marker, not an error."""
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"<{argv[0]}: {exc.__class__.__name__}>"
-    return done.stdout if done.returncode == 0 else f"<{argv[0]} exit {done.returncode}>\n{done.stdout}"
+    code, out, err = run(argv)
+    return out if code == 0 else f"<{argv[0]} exit {code}>\n{out or err}"
 
 
 def _excluded(path: str, exclude: Sequence[str]) -> bool:
@@ -91,21 +89,21 @@ def files(roots: Iterable[str], exclude: Sequence[str] = ()) -> list[str]:
 
 def packages() -> str:
     """Every package dpkg knows, with its version and its selection and status (h: held)."""
-    return _run(["dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n"])
+    return _output(["dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Abbrev}\n"])
 
 
 def units(names: Iterable[str]) -> list[str]:
     names = sorted(set(names))
     if not names:
         return []
-    shown = _run(["systemctl", "show", "--property", "Id,ActiveState,SubState,UnitFileState", "--", *names])
+    shown = _output(["systemctl", "show", "--property", "Id,ActiveState,SubState,UnitFileState", "--", *names])
     return [line for line in shown.splitlines() if line]
 
 
 def images() -> str:
     if not os.path.exists("/var/run/docker.sock") and not os.path.exists("/run/docker.sock"):
         return "<no docker engine>"
-    return _run(["docker", "image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}"])
+    return _output(["docker", "image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}"])
 
 
 def kernel() -> list[str]:

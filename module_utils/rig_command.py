@@ -1,0 +1,23 @@
+"""Run a read-only command on a rig (stdlib only): the one place the kit's rig-side readers shell out.
+
+``run(argv)`` never raises for a command that is missing, fails or hangs: it returns (exit code, stdout,
+stderr) with 127 for a command not on PATH and 124 after ``timeout`` seconds, so each reader can say why a probe
+could not answer instead of failing the module.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+
+def run(argv: Sequence[str], timeout: float = 60.0) -> tuple[int, str, str]:
+    argv = list(argv)
+    if shutil.which(argv[0]) is None:
+        return 127, "", f"{argv[0]} not found"
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{' '.join(argv)} timed out after {timeout:.0f} s"
+    return done.returncode, done.stdout, done.stderr
