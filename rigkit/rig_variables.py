@@ -34,6 +34,7 @@ COMMON_ENTRY_POINTS = (
     ("models", "validate"),
     ("llama_server", "main"),
     ("rig_lock", "main"),
+    ("rig_state", "check"),
     ("llama_bench", "main"),
     ("rig_context", "main"),
 )
