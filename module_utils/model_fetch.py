@@ -256,9 +256,9 @@ class _Fetcher:
                     resume_from = hasher.feed(fh, resume_from)
                     self.log(f"resuming {self.part} from byte {resume_from} (re-hashed)")
                 os.ftruncate(fh.fileno(), resume_from)
-                writer = PartWriter(fh, resume_from)
-                Transfer(self.entry, self.url, self.opts, writer, hasher, self.result, self.log, self._sleep).run()
-                writer.durable()
+                with PartWriter(fh, resume_from) as writer:
+                    Transfer(self.entry, self.url, self.opts, writer, hasher, self.result, self.log, self._sleep).run()
+                    writer.durable()
                 check_size_and_sha256(self.entry, os.fstat(fh.fileno()).st_size, hasher.hexdigest())
                 check_gguf(self.entry, self.part)
             os.replace(self.part, self.dest)

@@ -140,6 +140,51 @@ def test_part_writer_writes_at_the_offset_and_restarts_empty(tmp_path: Path) -> 
     assert path.read_bytes() == b"again"
 
 
+def test_part_writer_flushes_in_the_background_while_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every flush_every bytes a thread of its own fdatasyncs the part (the real call, counted), the writing thread
+    goes on, and durable() still ends with the fsync of the whole file."""
+    flushed: list[int] = []
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        flushed.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+    path = tmp_path / "x.part"
+    data = constructed(5 * MiB + 3)
+    with open(path, "w+b", buffering=0) as handle, PartWriter(handle, 0, flush_every=MiB) as writer:
+        for pos in range(0, len(data), 256 * 1024):
+            writer.write(memoryview(data)[pos : pos + 256 * 1024])
+        writer.durable()
+        assert flushed and set(flushed) == {handle.fileno()}
+    assert path.read_bytes() == data
+
+
+def test_part_writer_raises_a_failed_background_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writeback error is reported once per open file by the kernel: the one a background flush saw must fail
+    durable(), even when the final fsync succeeds (so the part is never installed)."""
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with open(tmp_path / "x.part", "w+b", buffering=0) as handle, PartWriter(handle, 0, flush_every=MiB) as writer:
+        writer.write(memoryview(constructed(2 * MiB)))
+        with pytest.raises(OSError, match="Input/output error"):
+            writer.durable()
+
+
+def test_part_writer_close_ends_the_flusher_before_the_file_closes(tmp_path: Path) -> None:
+    """A download that fails half-way leaves the writer without durable(): leaving its block ends the thread,
+    so no flush can ever run on a closed (or reused) descriptor."""
+    with open(tmp_path / "x.part", "w+b", buffering=0) as handle, PartWriter(handle, 0, flush_every=MiB) as writer:
+        writer.write(memoryview(constructed(3 * MiB)))
+        flusher = writer._flusher
+        assert flusher is not None
+    assert not flusher._thread.is_alive()
+
+
 # ------------------------------------------------------------------------------------------ through fetch_model
 @pytest.fixture(scope="module")
 def large(tmp_path_factory: pytest.TempPathFactory) -> Served:
