@@ -91,7 +91,7 @@ lint: setup ## ansible-lint (production), yamllint, ruff, playbook syntax check
 	$(BIN)/ansible-playbook --syntax-check playbooks/*.yml
 	@# every module's and plugin's documentation must render (ansible-doc exits non-zero on a broken one)
 	$(BIN)/ansible-doc -M library $(basename $(notdir $(wildcard library/*.py))) > /dev/null
-	$(BIN)/ansible-doc -t callback rigkit rigkit_results > /dev/null
+	$(BIN)/ansible-doc -t callback rigkit rigkit_results rigkit_preload > /dev/null
 
 gpu-bundle: setup ## .device/ for tests/gpu/run.sh on a GPU machine: verified llama.cpp source, wheels, models
 	$(BIN)/python tests/gpu/make_bundle.py bundle
