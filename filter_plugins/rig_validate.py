@@ -3,6 +3,7 @@
 They run while the validation play templates its assert: nothing connects to a rig.
 ``hostvars[inventory_hostname] | rig_problems(inventory_hostname, group_names, ansible_inventory_sources)`` lists every
 problem of one rig; ``rig_controller_preflight`` runs the pairing and memory preflight on cached GGUF headers.
+``rig_fleet_problems`` and ``rig_fleet_preflight`` do the same for every rig of the play at once.
 """
 
 from __future__ import annotations
@@ -40,22 +41,70 @@ def _values(hostvars: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def rig_problems(hostvars: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str]) -> list[str]:
-    values = _values(hostvars)
+def _problems(
+    host_vars: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], specs: Any
+) -> list[str]:
+    values = _values(host_vars)
     sources = Sources(inventory, host, groups)
-    catalog = values.get("model_catalog")
-    return _rig_problems(host, values, specs=load_specs(ROLES_DIR), sources=sources, catalog=catalog)
+    return _rig_problems(host, values, specs=specs, sources=sources, catalog=values.get("model_catalog"))
+
+
+def _preflight(
+    host_vars: Mapping[str, Any],
+    host: str,
+    groups: list[str],
+    inventory: str | list[str],
+    cache_dir: str,
+    defaults: Mapping[str, Any],
+) -> list[str]:
+    resolved = {k: v for k, v in _values(host_vars).items() if not isinstance(v, Unresolved)}
+    values = {**defaults, **resolved}
+    sources = Sources(inventory, host, groups)
+    return controller_preflight(host, values, sources=sources, catalog=values.get("model_catalog"), cache_dir=cache_dir)
+
+
+def rig_problems(hostvars: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str]) -> list[str]:
+    return _problems(hostvars, host, groups, inventory, load_specs(ROLES_DIR))
 
 
 def rig_controller_preflight(
     hostvars: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], cache_dir: str
 ) -> list[str]:
-    resolved = {k: v for k, v in _values(hostvars).items() if not isinstance(v, Unresolved)}
-    values = {**plain_defaults(ROLES_DIR, "llama_server"), **resolved}
-    sources = Sources(inventory, host, groups)
-    return controller_preflight(host, values, sources=sources, catalog=values.get("model_catalog"), cache_dir=cache_dir)
+    return _preflight(hostvars, host, groups, inventory, cache_dir, plain_defaults(ROLES_DIR, "llama_server"))
+
+
+# The same for every rig of the play in one task (``ansible_play_hosts | rig_fleet_problems(hostvars, ...)``):
+# {rig: problems}. One process reads the roles' specs and the shared group_vars files once for the whole fleet,
+# where a task per rig would read them again in every rig's worker.
+def rig_fleet_problems(
+    hosts: list[str], hostvars: Mapping[str, Any], inventory: str | list[str]
+) -> dict[str, list[str]]:
+    specs = load_specs(ROLES_DIR)
+    return {host: _problems(hostvars[host], host, hostvars[host]["group_names"], inventory, specs) for host in hosts}
+
+
+def rig_fleet_preflight(
+    hosts: list[str], hostvars: Mapping[str, Any], inventory: str | list[str]
+) -> dict[str, list[str]]:
+    defaults = plain_defaults(ROLES_DIR, "llama_server")
+    return {
+        host: _preflight(
+            hostvars[host],
+            host,
+            hostvars[host]["group_names"],
+            inventory,
+            hostvars[host]["rig_controller_cache_dir"],
+            defaults,
+        )
+        for host in hosts
+    }
 
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"rig_problems": rig_problems, "rig_controller_preflight": rig_controller_preflight}
+        return {
+            "rig_problems": rig_problems,
+            "rig_controller_preflight": rig_controller_preflight,
+            "rig_fleet_problems": rig_fleet_problems,
+            "rig_fleet_preflight": rig_fleet_preflight,
+        }

@@ -43,6 +43,19 @@ def load_yaml_file(path: str) -> Any:
         return yaml.load(handle, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
+# Parsed files by identity (path, inode, size, mtime): the rigs of a fleet share their group_vars files, which the
+# fleet-wide validation reads once instead of once per rig. Read only: callers never change what they get.
+_PARSED: dict[tuple[str, int, int, int], Any] = {}
+
+
+def _load_shared(path: str) -> Any:
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _PARSED:
+        _PARSED[key] = load_yaml_file(path)
+    return _PARSED[key]
+
+
 def yaml_error_message(path: str, exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
@@ -106,7 +119,7 @@ def _inline_host_vars(inventory_dir: str, host: str) -> list[tuple[str, dict[str
         if not (name.endswith((".yml", ".yaml")) and os.path.isfile(path)):
             continue
         try:
-            data = load_yaml_file(path)
+            data = _load_shared(path)
         except (OSError, yaml.YAMLError):
             continue
         variables = _inline_hosts(data.get("all") if isinstance(data, dict) else None, host)
@@ -128,7 +141,7 @@ class Sources:
             for inventory_dir in dirs:
                 for path in _candidate_files(inventory_dir, kind, name):
                     try:
-                        data = load_yaml_file(path)
+                        data = _load_shared(path)
                     except (OSError, yaml.YAMLError):
                         continue
                     if isinstance(data, dict):

@@ -46,7 +46,15 @@ NAMES = (
     "ansible_become_user",
 )
 # Facts and registered results of the run itself that carry a prefix: not inputs (by prefix, or by name).
-NOT_INPUT_PREFIXES = ("rig_inputs", "rig_state_", "rig_converged", "rig_in_sync", "rig_lock_", "models_fleet_")
+NOT_INPUT_PREFIXES = (
+    "rig_inputs",
+    "rig_state_",
+    "rig_converged",
+    "rig_in_sync",
+    "rig_lock_",
+    "rig_validation_",
+    "models_fleet_",
+)
 NOT_INPUT_NAMES = {
     "models_missing",
     "llama_server_report",

@@ -126,10 +126,22 @@ class Report:
         self.problems.append(f"{self.sources.file_of(variable)}: {text}")
 
 
+def _plain_copy(value: Any) -> Any:
+    """Plain dicts and lists in place of Ansible's lazily templated containers: the validator deep-copies what it
+    checks, and a deep copy of a lazy container templates it again (most of the validation's time, measured)."""
+    if isinstance(value, Mapping):
+        return {key: _plain_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain_copy(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_plain_copy(item) for item in value)
+    return value
+
+
 def _check_type(name: str, option: Mapping[str, Any], value: Any) -> tuple[Any, str | None]:
     """(converted value, problem) with Ansible's ArgumentSpecValidator, as validate_argument_spec checks it."""
     spec = {key: option[key] for key in ("type", "choices", "elements", "no_log") if key in option}
-    result = ArgumentSpecValidator({name: spec}).validate({name: value})
+    result = ArgumentSpecValidator({name: spec}).validate({name: _plain_copy(value)})
     if result.error_messages:
         text = result.error_messages[0]
         if "choices" in option:

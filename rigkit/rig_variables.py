@@ -86,6 +86,8 @@ RUNTIME_VARIABLES = frozenset(
         "llamacpp_image_tag",
         "llama_server_effective",
         "rig_context_ready",
+        "rig_validation_problems",
+        "rig_validation_preflight",
         "llama_server_preflight_result",
         "llama_server_canary",
         "llama_server_report",
