@@ -307,9 +307,13 @@ def bench_download(gguf: Path, work: Path, reps: int) -> dict[str, Any]:
     load_before = load()
     try:
         samples: dict[str, list[float]] = {"curl_o": [], "fetch_model": [], "curl_o_then_sync": []}
-        contenders = {"curl_o": curl, "fetch_model": ours, "curl_o_then_sync": curl_then_sync}
-        for _ in range(reps):
-            for name, fn in contenders.items():
+        contenders = list({"curl_o": curl, "fetch_model": ours, "curl_o_then_sync": curl_then_sync}.items())
+        # The order turns each repetition (a b c, b c a, c a b, ...): a contender runs slower right after another
+        # one on this VM's disk (measured: fetch_model 1.2 s after itself, 2.0 s right after curl -o), so each
+        # follows each other equally often. Use a multiple of 3 repetitions.
+        for rep in range(reps):
+            turn = rep % len(contenders)
+            for name, fn in contenders[turn:] + contenders[:turn]:
                 clean()
                 start = time.perf_counter()
                 fn()
