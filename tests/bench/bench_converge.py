@@ -1,6 +1,7 @@
 """Converge benchmarks of the kit on its own sandbox rigs, measured side by side in one run (issue 17 goals 1, 2).
 
-    .venv/bin/python tests/bench/bench_converge.py [--rigs 1,3,6] [--skip-single] [--skip-fleet] [--label NAME]
+    .venv/bin/python tests/bench/bench_converge.py [--rigs 1,3,6] [--reps K] [--skip-single] [--skip-fleet]
+        [--label NAME]
 
 Rigs: tests/integration/inventories/noop/hosts.yml (containers noop-rig1..6, ports 18311..18316), together
 with the kit's inventory so its group_vars apply. The controller cache is a copy (hard links) of the machine's,
@@ -15,7 +16,8 @@ run/ directory) never meet those of another run of the kit on the same machine.
    the actions Ansible runs on the controller: assert, set_fact, debug, include_*, meta, ...), tasks skipped,
    the slowest tasks. Goal: no-op <= 20 % of first.
 2. fleet: noop1..max(N) converged first (untimed), then for each N: `rigkit drift` (make check) and a no-op
-   provision over noop1..N. Goals: time(6)/time(1) <= 2 for check, <= 3 for the no-op provision.
+   provision over noop1..N; with --reps K, K rounds interleaved over N, each row the median run. Goals:
+   time(6)/time(1) <= 2 for check, <= 3 for the no-op provision.
 
 Writes <out>/converge-<label>.json and .png (the machine, its load averages before and after each run).
 The machine running this is usually shared: read ratios measured in the same run, not absolute times.
@@ -146,6 +148,12 @@ def timed(argv: list[str], name: str, cache_dir: Path, log_dir: Path, root: Path
     return record
 
 
+def median_run(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median wall time (the upper one of an even count), with every run's wall time beside it."""
+    ordered = sorted(records, key=lambda record: record["wall_s"])
+    return {**ordered[len(ordered) // 2], "walls_s": [record["wall_s"] for record in records]}
+
+
 def provision(limit: str) -> list[str]:
     return [
         str(VENV_BIN / "ansible-playbook"),
@@ -268,6 +276,7 @@ def main() -> int:
     )
     parser.add_argument("--fleet-rigs", help="the fleet's rigs in order (default noop1,...,noop6)")
     parser.add_argument("--check-only", action="store_true", help="the fleet runs: make check only")
+    parser.add_argument("--reps", type=int, default=1, help="fleet runs per N, interleaved; the median is reported")
     parser.add_argument("--no-converge", action="store_true", help="the fleet's rigs are converged already")
     parser.add_argument("--single-rig", type=int, default=1, help="which noop rig (1..6) the single-rig runs use")
     parser.add_argument("--remove", action="store_true", help="remove every noop-rig container at the end")
@@ -313,11 +322,23 @@ def main() -> int:
     if not args.skip_fleet:
         if not args.no_converge:
             timed(provision(hosts(sizes[-1])), f"fleet-converge-{sizes[-1]}", args.cache_dir, log_dir)
-        rows, compared = [], []
+        rows, compared = [{"n": n} for n in sizes], []
+        runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        for rep in range(args.reps):  # interleaved: N=1, 3, 6, N=1, 3, 6, ... (the machine drifts, the ratios not)
+            for n in sizes:
+                suffix = f"-{rep}" if args.reps > 1 else ""
+                runs.setdefault((n, "check"), []).append(
+                    timed(check(hosts(n)), f"fleet-check-{n}{suffix}", args.cache_dir, log_dir)
+                )
+                if not args.check_only:
+                    runs.setdefault((n, "noop_provision"), []).append(
+                        timed(provision(hosts(n)), f"fleet-noop-{n}{suffix}", args.cache_dir, log_dir)
+                    )
+        for row in rows:
+            for kind in ("check", "noop_provision"):
+                if (row["n"], kind) in runs:
+                    row[kind] = median_run(runs[(row["n"], kind)])
         for n in sizes:
-            rows.append({"n": n, "check": timed(check(hosts(n)), f"fleet-check-{n}", args.cache_dir, log_dir)})
-            if not args.check_only:
-                rows[-1]["noop_provision"] = timed(provision(hosts(n)), f"fleet-noop-{n}", args.cache_dir, log_dir)
             if args.compare:
                 root = args.compare.resolve()
                 row = {"n": n, "check": timed(check(hosts(n)), f"compare-check-{n}", args.cache_dir, log_dir, root)}
