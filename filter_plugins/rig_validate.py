@@ -1,9 +1,9 @@
 """Jinja filters that validate a rig's description on the controller (logic in rigkit/rig_validate.py).
 
-They run while the validation play templates its assert: nothing connects to a rig.
-``hostvars[inventory_hostname] | rig_problems(inventory_hostname, group_names, ansible_inventory_sources)`` lists every
-problem of one rig; ``rig_controller_preflight`` runs the pairing and memory preflight on cached GGUF headers.
-``rig_fleet_problems`` and ``rig_fleet_preflight`` do the same for every rig of the play at once.
+They run while the validation play templates its tasks: nothing connects to a rig.
+``ansible_play_hosts | rig_fleet_problems(hostvars, ansible_inventory_sources)`` lists every problem of every rig of
+the play ({rig: problems}); ``rig_fleet_preflight`` runs the pairing and memory preflight on cached GGUF headers for
+each; ``hostvars[inventory_hostname] | rig_controller_preflight(...)`` runs it for one rig.
 """
 
 from __future__ import annotations
@@ -63,10 +63,6 @@ def _preflight(
     return controller_preflight(host, values, sources=sources, catalog=values.get("model_catalog"), cache_dir=cache_dir)
 
 
-def rig_problems(hostvars: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str]) -> list[str]:
-    return _problems(hostvars, host, groups, inventory, load_specs(ROLES_DIR))
-
-
 def rig_controller_preflight(
     hostvars: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], cache_dir: str
 ) -> list[str]:
@@ -103,7 +99,6 @@ def rig_fleet_preflight(
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
-            "rig_problems": rig_problems,
             "rig_controller_preflight": rig_controller_preflight,
             "rig_fleet_problems": rig_fleet_problems,
             "rig_fleet_preflight": rig_fleet_preflight,
