@@ -96,10 +96,6 @@ from_record:
   returned: success
 """
 
-import json
-import os
-import subprocess
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llama_server_api import (
     CLIENT_ARGUMENT_SPEC,
@@ -108,54 +104,8 @@ from ansible.module_utils.llama_server_api import (
     build_info,
     complete,
     speculative_slots,
-    wait_ready,
 )
-
-
-def unit_state(unit: str) -> dict[str, str]:
-    proc = subprocess.run(
-        ["systemctl", "show", unit, "--property=ActiveState,SubState,MainPID,InvocationID"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-
-
-def unit_log(unit: str, invocation: str, lines: int = 60) -> list[str]:
-    argv = ["journalctl", "--unit", unit, "--output", "cat", "--no-pager", "--lines", str(lines)]
-    if invocation:
-        argv.append(f"_SYSTEMD_INVOCATION_ID={invocation}")
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    return [line for line in proc.stdout.splitlines() if line.strip()]
-
-
-RECORDED = ("draft_n", "draft_n_accepted", "acceptance", "predicted_per_second", "speculative", "build_info")
-
-
-def read_record(path: str, invocation: str) -> dict | None:
-    """The figures of the canary that passed during the unit's current run, or None (then a canary runs)."""
-    if not invocation:
-        return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            kept = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(kept, dict) or kept.get("invocation") != invocation:
-        return None
-    if not all(key in kept for key in RECORDED):
-        return None
-    return {key: kept[key] for key in RECORDED}
-
-
-def write_record(path: str, invocation: str, result: dict) -> None:
-    payload = json.dumps({"invocation": invocation, **{key: result.get(key) for key in RECORDED}})
-    temporary = f"{path}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(payload + "\n")
-    os.chmod(temporary, 0o600)
-    os.replace(temporary, path)
+from ansible.module_utils.llama_server_unit import Serving, read_record, write_record
 
 
 def main() -> None:
@@ -175,35 +125,24 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    unit = params["unit"]
     try:
         endpoint = Endpoint(
             params["url"], params["api_key"], timeout=max(30.0, params["n_predict"] * 2.0), ca_file=params["ca_file"]
         )
     except ServerApiError as exc:
         module.fail_json(msg=str(exc))
-    first = unit_state(unit) if unit else {}
-
-    def still_alive() -> str | None:
-        if not unit:
-            return None
-        now = unit_state(unit)
-        if now.get("ActiveState") in ("failed", "inactive") or now.get("SubState") == "auto-restart":
-            return f"{unit} is {now.get('ActiveState')}/{now.get('SubState')}"
-        if first.get("MainPID") not in (None, "0") and now.get("MainPID") != first.get("MainPID"):
-            return f"{unit} restarted (main PID {first.get('MainPID')} -> {now.get('MainPID')})"
-        return None
+    serving = Serving(endpoint, params["unit"])
 
     def fail(message: str) -> None:
-        log = unit_log(unit, first.get("InvocationID", "")) if unit else []
-        module.fail_json(msg=message + ("\nserver log:\n" + "\n".join(log[-40:]) if log else ""), server_log=log)
+        text, log = serving.failure(message)
+        module.fail_json(msg=text, server_log=log)
 
     try:
-        waited = wait_ready(endpoint, params["timeout"], still_alive)
+        waited = serving.wait(params["timeout"])
     except ServerApiError as exc:
         fail(str(exc))
     result: dict = {"changed": False, "waited": round(waited, 2), "from_record": False}
-    invocation = first.get("InvocationID", "")
+    invocation = serving.invocation
     kept = read_record(params["record"], invocation) if params["record"] and not params["canary"] else None
     if kept is not None:
         result.update(kept, from_record=True)

@@ -9,6 +9,7 @@ FAST_PATH = "rig_state : Compare the rig with what its last full converge record
 RECORD = "/var/lib/rigkit/converged.json"
 HEALTH = "llama_server : Check that the server answers, with the canary it passed since it last started"
 ENV_TASK = "llama_server : Write the environment file (root-only, may hold the API key)"
+REPORT = "llama_server : Report where the server answers"
 
 
 def provision_sandbox(log_name: str):
@@ -23,10 +24,13 @@ def test_second_converge_takes_the_fast_path_and_changes_nothing(sandbox_provisi
     assert counters["failed"] == 0
     assert second.statuses("sandbox", FAST_PATH) == ["ok"]
     assert "sandbox: as its last converge left it: no role runs on it in this run" in second.output
-    # no role ran, and the server was still asked: /health and the canary of its current run
+    # no role ran, and the server was still asked, in the fast path's own module run: /health and the canary
+    # of its current run (no second round trip: the probe module does not run)
     assert second.tasks("sandbox", "llamacpp_image : Build the image") == []
     assert second.tasks("sandbox", "llama_server : Write the unit") == []
-    assert second.statuses("sandbox", HEALTH) == ["ok"]
+    assert second.tasks("sandbox", HEALTH) == []
+    assert second.statuses("sandbox", REPORT) == ["ok"]
+    assert 'llama-server "main" on sandbox answers at http://127.0.0.1:18080' in " ".join(second.output.split())
 
 
 def test_a_full_converge_of_the_converged_rig_changes_nothing_and_records_it(sandbox_provisioned):

@@ -1,17 +1,15 @@
-"""llama_server_probe's canary record: the no-op converge reuses the figures of the canary the server passed
-since it last started, and sends a new canary whenever that cannot be shown (another run, no or a bad file)."""
+"""The canary record (module_utils/llama_server_unit.py): the no-op converge reuses the figures of the canary the
+server passed since it last started, and sends a new canary whenever that cannot be shown (another run, no or a
+bad file)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import stat
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-from tests.support import REPO
 
 FIGURES = {
     "draft_n": 24,
@@ -25,11 +23,12 @@ FIGURES = {
 
 @pytest.fixture(scope="module")
 def probe() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("llama_server_probe", REPO / "library" / "llama_server_probe.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """module_utils/llama_server_unit.py, where llama_server_probe and rig_converged's fast path read the record."""
+    from ansible.module_utils import llama_server_unit
+
+    import rigkit  # noqa: F401  (it makes module_utils/ importable as ansible.module_utils)
+
+    return llama_server_unit
 
 
 def test_the_figures_of_this_run_of_the_unit_come_back(probe: ModuleType, tmp_path: Path) -> None:

@@ -5,9 +5,11 @@ path, and the hand edits that leave it, are tests/integration/test_sandbox_provi
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,58 @@ def test_the_module_records_then_finds_the_rig_in_sync_until_a_file_changes(tree
     (tree / "rigkit" / "llama-main.env").write_text("EDITED=1\n")
     edited, _ = run_module("rig_converged", args)
     assert edited["in_sync"] is False and edited["reasons"] == ["its files changed"]
+
+
+@pytest.fixture
+def health_server():
+    """A real HTTP server on loopback answering /health 200 to the right bearer token (401 otherwise)."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            ok = self.path == "/health" and self.headers.get("Authorization") == "Bearer k3y"
+            body = b'{"status":"ok"}' if ok else b"{}"
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_rig_that_matches_is_asked_for_health_in_the_same_run(tree: Path, tmp_path: Path, health_server) -> None:
+    """The fast path's one module run also polls /health (with the API key as a bearer token, never printed); a
+    matching rig whose server does not answer fails the module, marked for check.yml; a rig that does not match is
+    not asked. Without systemd here the unit has no invocation ID, so no canary record counts (a canary is owed)."""
+    url, seen = health_server
+    args = {"inputs": "abc", "watch": [str(tree)], "path": str(tmp_path / "converged.json")}
+    run_module("rig_converged", {**args, "state": "record"})
+    server = {
+        "url": url,
+        "api_key": "k3y",
+        "unit": "rigkit-llama-main.service",
+        "record": str(tmp_path / "main.canary.json"),
+        "timeout": 5,
+    }
+    serving, printed = run_module("rig_converged", {**args, "server": server})
+    assert serving["in_sync"] is True and serving["server"]["from_record"] is False, printed
+    assert seen == ["Bearer k3y"] and "k3y" not in printed
+
+    silent = {**server, "url": "http://127.0.0.1:9", "timeout": 2}
+    gone, printed = run_module("rig_converged", {**args, "server": silent})
+    assert gone.get("failed") is True and gone["server_unanswered"] is True, printed
+    assert "its server does not answer" in gone["msg"]
+    other, printed = run_module("rig_converged", {**args, "inputs": "other", "server": silent})
+    assert other["in_sync"] is False and "server" not in other, printed
 
 
 def test_record_in_check_mode_writes_nothing(tree: Path, tmp_path: Path) -> None:
