@@ -3,7 +3,7 @@
 They run while the validation play templates its tasks: nothing connects to a rig.
 ``ansible_play_hosts | rig_fleet_problems(hostvars, ansible_inventory_sources)`` lists every problem of every rig of
 the play ({rig: problems}); ``rig_fleet_preflight`` runs the pairing and memory preflight on cached GGUF headers for
-each; ``hostvars[inventory_hostname] | rig_controller_preflight(...)`` runs it for one rig.
+each (the validation play, and provision.yml once the models play filled the cache).
 """
 
 from __future__ import annotations
@@ -63,12 +63,6 @@ def _preflight(
     return controller_preflight(host, values, sources=sources, catalog=values.get("model_catalog"), cache_dir=cache_dir)
 
 
-def rig_controller_preflight(
-    hostvars: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], cache_dir: str
-) -> list[str]:
-    return _preflight(hostvars, host, groups, inventory, cache_dir, plain_defaults(ROLES_DIR, "llama_server"))
-
-
 # The same for every rig of the play in one task (``ansible_play_hosts | rig_fleet_problems(hostvars, ...)``):
 # {rig: problems}. One process reads the roles' specs and the shared group_vars files once for the whole fleet,
 # where a task per rig would read them again in every rig's worker.
@@ -99,7 +93,6 @@ def rig_fleet_preflight(
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
-            "rig_controller_preflight": rig_controller_preflight,
             "rig_fleet_problems": rig_fleet_problems,
             "rig_fleet_preflight": rig_fleet_preflight,
         }

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from ansible.module_utils.llama_server_api import Endpoint, ServerApiError, wait_ready
+from ansible.module_utils.llama_server_api import Endpoint, wait_ready
 from ansible.module_utils.rig_command import run
 
 RECORDED = ("draft_n", "draft_n_accepted", "acceptance", "predicted_per_second", "speculative", "build_info")
@@ -89,6 +89,3 @@ def write_record(path: str, invocation: str, result: dict[str, Any]) -> None:
         handle.write(payload + "\n")
     os.chmod(temporary, 0o600)
     os.replace(temporary, path)
-
-
-__all__ = ["RECORDED", "ServerApiError", "Serving", "read_record", "unit_log", "unit_state", "write_record"]
