@@ -3,7 +3,7 @@
 They run while the validation play templates its tasks: nothing connects to a rig.
 ``ansible_play_hosts | rig_fleet_problems(hostvars, ansible_inventory_sources)`` lists every problem of every rig of
 the play ({rig: problems}); ``rig_fleet_preflight`` runs the pairing and memory preflight on cached GGUF headers for
-each (the validation play, and provision.yml once the models play filled the cache).
+each (provision.yml, once the models play filled the cache); ``rig_fleet_validation`` both, for the validation play.
 """
 
 from __future__ import annotations
@@ -90,9 +90,21 @@ def rig_fleet_preflight(
     }
 
 
+# The validation play's one fleet-wide task: {rig: {"problems": [...], "preflight": [...]}}; the preflight is read
+# only for a rig whose description is sound (its values are the ones the preflight expects).
+def rig_fleet_validation(
+    hosts: list[str], hostvars: Mapping[str, Any], inventory: str | list[str]
+) -> dict[str, dict[str, list[str]]]:
+    problems = rig_fleet_problems(hosts, hostvars, inventory)
+    sound = [host for host in hosts if not problems[host]]
+    preflight = rig_fleet_preflight(sound, hostvars, inventory)
+    return {host: {"problems": problems[host], "preflight": preflight.get(host, [])} for host in hosts}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "rig_fleet_problems": rig_fleet_problems,
             "rig_fleet_preflight": rig_fleet_preflight,
+            "rig_fleet_validation": rig_fleet_validation,
         }

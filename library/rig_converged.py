@@ -15,8 +15,8 @@ description:
     only when both are the recorded ones; RV(reasons) says which part differs. Changes nothing.
   - >-
     With O(state=record), after a converge that ran every role, writes the digest of O(inputs) and of the
-    state now to O(path), root-only. The record is the kit's own bookkeeping, never reported as a change, and
-    not written in check mode.
+    state now to O(path), root-only, with the O(units) and O(server) it covers. The record is the kit's own
+    bookkeeping, never reported as a change, and not written in check mode.
 options:
   state:
     description: C(check) compares; C(record) writes the record.
@@ -38,10 +38,13 @@ options:
     elements: str
     default: []
   units:
-    description: systemd units whose active and enabled state the state covers.
+    description:
+      - >-
+        systemd units whose active and enabled state the state covers. With O(state=record), they are written into
+        the record; with O(state=check) and none given, the recorded ones are read (a check needs nothing the
+        converge named: the record says what it covered).
     type: list
     elements: str
-    default: []
   path:
     description: Where the record lives on the rig.
     type: path
@@ -49,8 +52,12 @@ options:
   server:
     description:
       - >-
+        The rig's server. With O(state=record), written into the record (no secret: the API key is never
+        recorded), so that the next check knows where the server answers without the controller naming it.
+        With O(state=check), it overrides the recorded one.
+      - >-
         With O(state=check), the server of a rig that matches must still serve: C(/health) is polled (while the
-        unit stays up, up to O(server.timeout) seconds) in the same module run, and the figures of the canary the
+        unit stays up, up to O(health_timeout) seconds) in the same module run, and the figures of the canary the
         unit's current run passed are read from O(server.record). A rig that matches but whose server does not
         answer fails the module, untouched. Without a canary record of the current run (the server restarted
         since), RV(server) says so, and the caller sends a canary (llama_server_probe).
@@ -60,9 +67,6 @@ options:
         description: Base URL of the server.
         type: str
         required: true
-      api_key:
-        description: The server's API key (sent as a bearer token; never logged).
-        type: str
       ca_file:
         description: The certificate an https URL is verified against.
         type: path
@@ -74,10 +78,13 @@ options:
         description: The file where the canary of the unit's current run keeps its figures.
         type: path
         required: true
-      timeout:
-        description: Seconds to wait for C(/health).
-        type: int
-        default: 60
+  api_key:
+    description: With O(state=check), the server's API key (sent as a bearer token to C(/health); never logged).
+    type: str
+  health_timeout:
+    description: Seconds to wait for C(/health).
+    type: int
+    default: 60
   max_age:
     description:
       - Seconds after which a record no longer counts (0, never), so that what depends on time alone (the server
@@ -94,8 +101,19 @@ EXAMPLES = r"""
     inputs: "{{ rig_inputs }}"
     watch: [/etc/systemd/system, /etc/docker, /var/lib/rigkit]
     exclude: ["/var/lib/rigkit/*/*.canary.json"]
-    units: [docker.service]
+    api_key: "{{ llama_server_api_key | default(omit, true) }}"
   register: rig_converged
+
+- name: Record that the rig is as the repo describes (after a converge that ran every role)
+  rig_converged:
+    state: record
+    inputs: "{{ rig_inputs }}"
+    watch: [/etc/systemd/system, /etc/docker, /var/lib/rigkit]
+    units: [docker.service, rigkit-llama-main.service]
+    server:
+      url: http://127.0.0.1:8080
+      unit: rigkit-llama-main.service
+      record: /var/lib/rigkit/llama-server/main.canary.json
 """
 
 RETURN = r"""
@@ -115,12 +133,15 @@ parts:
 server:
   description:
     - >-
-      On a rig that matches, with O(server): C(waited) (seconds until C(/health) answered), C(from_record) (true:
-      the canary figures C(draft_n), C(draft_n_accepted), C(acceptance), C(predicted_per_second), C(speculative),
-      C(build_info) of the unit's current run follow; false: no canary passed since the server last started).
-  returned: state=check, in_sync and O(server) given
+      On a rig that matches and whose server is known (recorded, or O(server)): C(url), C(waited) (seconds until
+      C(/health) answered), C(from_record) (true: the canary figures C(draft_n), C(draft_n_accepted),
+      C(acceptance), C(predicted_per_second), C(speculative), C(build_info) of the unit's current run follow;
+      false: no canary passed since the server last started).
+  returned: state=check, in_sync and a server known
   type: dict
 """
+
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llama_server_api import Endpoint, ServerApiError
@@ -130,34 +151,34 @@ from ansible.module_utils.rig_state import (
     load_record,
     part_digests,
     read_state,
+    recorded_server,
+    recorded_units,
     write_record,
 )
 
 SERVER_SPEC = {
     "url": {"type": "str", "required": True},
-    "api_key": {"type": "str", "no_log": True},
     "ca_file": {"type": "path"},
     "unit": {"type": "str", "required": True},
     "record": {"type": "path", "required": True},
-    "timeout": {"type": "int", "default": 60},
 }
 
 
-def server_figures(module: AnsibleModule, server: dict) -> dict:
+def server_figures(module: AnsibleModule, server: dict[str, Any], api_key: str | None, timeout: int) -> dict:
     """/health of a rig that matches, and the canary figures of the unit's current run (fails the module when
     the server does not answer: the rig is as recorded, so nothing here may change it)."""
     try:
-        endpoint = Endpoint(server["url"], server["api_key"], ca_file=server["ca_file"])
+        endpoint = Endpoint(server["url"], api_key, ca_file=server.get("ca_file"))
     except ServerApiError as exc:
         module.fail_json(msg=str(exc))
     unit = Serving(endpoint, server["unit"])
     try:
-        waited = unit.wait(server["timeout"])
+        waited = unit.wait(timeout)
     except ServerApiError as exc:
         text, log = unit.failure(f"the rig is as its last converge left it, but its server does not answer: {exc}")
         module.fail_json(msg=text, server_log=log, server_unanswered=True)
     kept = read_record(server["record"], unit.invocation)
-    return {"waited": round(waited, 2), "from_record": kept is not None, **(kept or {})}
+    return {"url": server["url"], "waited": round(waited, 2), "from_record": kept is not None, **(kept or {})}
 
 
 def main() -> None:
@@ -167,24 +188,31 @@ def main() -> None:
             "inputs": {"type": "str", "required": True},
             "watch": {"type": "list", "elements": "path", "required": True},
             "exclude": {"type": "list", "elements": "str", "default": []},
-            "units": {"type": "list", "elements": "str", "default": []},
+            "units": {"type": "list", "elements": "str"},
             "path": {"type": "path", "default": "/var/lib/rigkit/converged.json"},
             "max_age": {"type": "int", "default": 86400},
             "server": {"type": "dict", "options": SERVER_SPEC},
+            "api_key": {"type": "str", "no_log": True},
+            "health_timeout": {"type": "int", "default": 60},
         },
         supports_check_mode=True,
     )
     params = module.params
     exclude = [*params["exclude"], params["path"], params["path"] + ".tmp"]
-    parts = part_digests(read_state(params["watch"], exclude, params["units"]))
     if params["state"] == "record":
+        units = params["units"] or []
+        parts = part_digests(read_state(params["watch"], exclude, units))
         if not module.check_mode:
-            write_record(params["inputs"], parts, params["path"])
+            write_record(params["inputs"], parts, params["path"], units=units, server=params["server"])
         module.exit_json(changed=False, parts=parts)
-    reasons = compare(load_record(params["path"]), params["inputs"], parts, max(params["max_age"], 0))
-    result = {"changed": False, "in_sync": not reasons, "reasons": reasons, "parts": parts}
-    if not reasons and params["server"]:
-        result["server"] = server_figures(module, params["server"])
+    record = load_record(params["path"])
+    units = params["units"] if params["units"] is not None else recorded_units(record)
+    parts = part_digests(read_state(params["watch"], exclude, units))
+    reasons = compare(record, params["inputs"], parts, max(params["max_age"], 0))
+    result: dict[str, Any] = {"changed": False, "in_sync": not reasons, "reasons": reasons, "parts": parts}
+    server = params["server"] or recorded_server(record)
+    if not reasons and server:
+        result["server"] = server_figures(module, server, params["api_key"], params["health_timeout"])
     module.exit_json(**result)
 
 

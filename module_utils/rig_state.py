@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import http.client
 import json
 import os
+import socket
 import stat
 import time
 from collections.abc import Iterable, Sequence
@@ -31,7 +33,12 @@ from ansible.module_utils.rig_command import run
 
 SMALL_FILE = 1 << 20  # bytes: hashed in full below this size
 RECORD_PATH = "/var/lib/rigkit/converged.json"
-RECORD_VERSION = 1
+# Where the Docker engine listens (the state's images are read from its API).
+DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+# What the record keeps of the server (its address and unit, where its canary keeps its figures).
+SERVER_KEYS = ("url", "ca_file", "unit", "record")
+# 2: the record also says which units it covers and where the server answers (the check reads them back).
+RECORD_VERSION = 2
 
 
 def _output(argv: Sequence[str]) -> str:
@@ -100,10 +107,40 @@ def units(names: Iterable[str]) -> list[str]:
     return [line for line in shown.splitlines() if line]
 
 
-def images() -> str:
-    if not os.path.exists("/var/run/docker.sock") and not os.path.exists("/run/docker.sock"):
+class _EngineConnection(http.client.HTTPConnection):
+    """HTTP over the Docker engine's unix socket (what the docker CLI speaks, without starting it)."""
+
+    def __init__(self, socket_path: str, timeout: float = 30) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.socket_path)
+        self.sock = sock
+
+
+def images(sockets: Sequence[str] = DOCKER_SOCKETS) -> str:
+    """Every image the engine holds, one "repository:tag id" line each (untagged: <none>:<none>), sorted; read
+    from the engine's API (GET /images/json) on its socket."""
+    path = next((candidate for candidate in sockets if os.path.exists(candidate)), None)
+    if path is None:
         return "<no docker engine>"
-    return _output(["docker", "image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}"])
+    connection = _EngineConnection(path)
+    try:
+        connection.request("GET", "/images/json")
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            return f"<docker engine answered {response.status}>"
+        listed = json.loads(body)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return f"<docker engine unreadable: {exc.__class__.__name__}>"
+    finally:
+        connection.close()
+    lines = [f"{tag} {image.get('Id')}" for image in listed for tag in image.get("RepoTags") or ["<none>:<none>"]]
+    return "\n".join(sorted(lines))
 
 
 def kernel() -> list[str]:
@@ -146,13 +183,36 @@ def load_record(path: str = RECORD_PATH) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get("version") == RECORD_VERSION else None
 
 
-def write_record(inputs: str, parts: dict[str, str], path: str = RECORD_PATH) -> None:
-    """Atomically, root-only (it says nothing secret, but only the kit writes it)."""
+def recorded_units(record: dict[str, Any] | None) -> list[str]:
+    """The units the record's state covers ([] without a record: the check finds no record anyway)."""
+    units = (record or {}).get("units")
+    return [str(unit) for unit in units] if isinstance(units, list) else []
+
+
+def recorded_server(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where the recorded converge's server answers: url, ca_file, unit, record (None: no server recorded)."""
+    server = (record or {}).get("server")
+    if not isinstance(server, dict) or not all(server.get(key) for key in ("url", "unit", "record")):
+        return None
+    return {key: server.get(key) for key in SERVER_KEYS}
+
+
+def write_record(
+    inputs: str,
+    parts: dict[str, str],
+    path: str = RECORD_PATH,
+    units: Sequence[str] = (),
+    server: dict[str, Any] | None = None,
+) -> None:
+    """Atomically, root-only (it says nothing secret, but only the kit writes it). ``server``'s url, ca_file,
+    unit and canary record are kept, nothing else (never a key)."""
     record = {
         "version": RECORD_VERSION,
         "inputs": inputs,
         "state": digest(parts),
         "parts": parts,
+        "units": list(units),
+        "server": {key: server.get(key) for key in SERVER_KEYS} if server else None,
         "recorded_at": int(time.time()),
     }
     directory = os.path.dirname(path)

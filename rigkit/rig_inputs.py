@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rigkit import REPO
+from rigkit.rig_variables import CONTEXT_NAMES
 
 CODE_DIRS = ("roles", "library", "module_utils", "filter_plugins", "callback_plugins", "playbooks", "docker")
 CODE_FILES = ("ansible.cfg", "requirements.txt")
@@ -55,7 +56,11 @@ NOT_INPUT_PREFIXES = (
     "rig_validation_",
     "models_fleet_",
 )
+# What roles/rig_context names from the inputs (CONTEXT_NAMES: pure functions of them and of the code, both
+# digested) is left out, so that the digest is the same whether or not the names were computed before it (the
+# fast path computes it before naming anything).
 NOT_INPUT_NAMES = {
+    *CONTEXT_NAMES,
     "models_missing",
     "llama_server_report",
     "llama_server_canary",

@@ -23,12 +23,14 @@ from typing import Any
 
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.module_utils.model_catalog import CATALOG_PATH
+from ansible.module_utils.model_catalog import CATALOG_PATH, CatalogError, deployable_entry, host_pin_refusal
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks
 
 from rigkit.inventory_files import Sources, show
 from rigkit.rig_variables import (
+    COMMIT_RE,
     COMPUTE_CAPABILITY_RE,
+    CUDA_ARCHITECTURES_RE,
     DRIVER_VERSION_RE,
     ENTRY_POINTS,
     GPU_LAYER_VARIABLES,
@@ -41,6 +43,7 @@ from rigkit.rig_variables import (
     RIG_GPU_FIELDS,
     RUNTIME_PREFIXES,
     RUNTIME_VARIABLES,
+    SHA256_RE,
 )
 
 Specs = dict[str, dict[str, dict[str, Any]]]
@@ -252,9 +255,25 @@ def _catalog_name(report: Report, catalog: Mapping[str, Any], variable: str, nam
     return entry
 
 
-def _check_models(report: Report, values: Mapping[str, Any], catalog: Any) -> None:
+def _check_pins(report: Report, rig: str, values: Mapping[str, Any], catalog: Mapping[str, Any]) -> None:
+    """Every model the rig needs that is not pinned yet, with the one command that pins them (the kit never
+    deploys an unverified file), and, when the rig prunes, every kept model that cannot be resolved."""
+    refusal = host_pin_refusal(rig, dict(catalog), [values.get("models_target"), values.get("models_drafter")])
+    if refusal:
+        report.problems.append(refusal)
+    keep = values.get("models_keep")
+    if values.get("models_prune") is True and isinstance(keep, list):
+        for name in keep:
+            try:
+                deployable_entry(dict(catalog), str(name))
+            except CatalogError as exc:
+                report.add("models_keep", keep, f"names {name}, which cannot be resolved: {exc}")
+
+
+def _check_models(report: Report, rig: str, values: Mapping[str, Any], catalog: Any) -> None:
     if not isinstance(catalog, Mapping) or not catalog:
         return  # the catalog's own check (catalog_problems) reports it
+    _check_pins(report, rig, values, catalog)
     target = values.get("models_target")
     if target in (None, ""):
         report.note("models_target", "models_target is not set; name the catalog entry to serve (a target)")
@@ -274,7 +293,27 @@ def _check_models(report: Report, values: Mapping[str, Any], catalog: Any) -> No
         )
 
 
-def _check_rules(report: Report, values: Mapping[str, Any], catalog: Any) -> None:
+def _check_image_inputs(report: Report, values: Mapping[str, Any]) -> None:
+    """The llama.cpp image's inputs the inventory sets (the roles' own defaults are pinned in the repo)."""
+    commit = values.get("llamacpp_image_commit")
+    if isinstance(commit, str) and not COMMIT_RE.match(commit):
+        report.add("llamacpp_image_commit", commit, "expected a full 40-character llama.cpp commit (lowercase hex)")
+    tarball = values.get("llamacpp_image_source") == "tarball"
+    sha256 = values.get("llamacpp_image_source_sha256")
+    if tarball and isinstance(sha256, str) and not SHA256_RE.match(sha256):
+        report.add("llamacpp_image_source_sha256", sha256, "expected the tarball's sha256 (64 lowercase hex digits)")
+    if tarball and values.get("llamacpp_image_source_url") == "":
+        report.add("llamacpp_image_source_url", "", "a tarball source needs the tarball's URL")
+    architectures = values.get("llamacpp_image_cuda_architectures")
+    if isinstance(architectures, str) and not CUDA_ARCHITECTURES_RE.match(architectures):
+        report.add(
+            "llamacpp_image_cuda_architectures",
+            architectures,
+            'expected CMAKE_CUDA_ARCHITECTURES such as "86" or "75-real;86-real" (or set rig_gpu.compute_capability)',
+        )
+
+
+def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: Any) -> None:
     for name in RANGES:
         if name in values:
             _check_range(report, name, values[name])
@@ -305,7 +344,8 @@ def _check_rules(report: Report, values: Mapping[str, Any], catalog: Any) -> Non
             "llama_server_api_key), or bind 127.0.0.1",
         )
     _check_tls(report, values)
-    _check_models(report, values, catalog)
+    _check_image_inputs(report, values)
+    _check_models(report, rig, values, catalog)
     _check_trained_context(report, values, catalog)
 
 
@@ -412,7 +452,7 @@ def rig_problems(
             report.add(name, HIDDEN if secret else value, problem)
             continue
         checked[name] = converted
-    _check_rules(report, checked, catalog)
+    _check_rules(report, host, checked, catalog)
     return report.problems
 
 

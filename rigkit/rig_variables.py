@@ -67,9 +67,24 @@ KIT_VARIABLES: dict[str, dict[str, Any]] = {
     "models_sandbox_hub_port": {"type": "int", "description": "Port of the sandbox's stand-in hub."},
 }
 
+# What roles/rig_context names for a rig from its inputs (pure functions of the inventory and the kit's code).
+CONTEXT_NAMES = frozenset(
+    {
+        "models_target_entry",
+        "models_drafter_entry",
+        "models_target_path",
+        "models_drafter_path",
+        "container_harness_base_image",
+        "container_harness_rig_image",
+        "llamacpp_image_tag",
+        "llama_server_effective",
+        "rig_context_ready",
+    }
+)
 # Facts and registered results the kit's plays set at run time (never inventory keys, but present in later plays).
 RUNTIME_VARIABLES = frozenset(
     {
+        *CONTEXT_NAMES,
         "rig_status_output",
         "rig_status_row",
         "rig_status_deployed",
@@ -77,22 +92,13 @@ RUNTIME_VARIABLES = frozenset(
         "rig_lock_expected",
         "rig_lock_comparison",
         "rig_lock_result",
-        "models_target_entry",
-        "models_drafter_entry",
-        "models_target_path",
-        "models_drafter_path",
         "models_fetched",
         "models_found",
-        "llamacpp_image_tag",
-        "llama_server_effective",
-        "rig_context_ready",
-        "rig_validation_problems",
+        "rig_validation_results",
         "rig_validation_preflight",
         "llama_server_preflight_result",
         "llama_server_canary",
         "llama_server_report",
-        "container_harness_base_image",
-        "container_harness_rig_image",
         "container_harness_engine",
         "container_harness_rig",
         "docker_server_version",
@@ -104,6 +110,10 @@ RUNTIME_PREFIXES = ("models_fleet_", "models_molecule_")
 # rig_gpu's fields (a GPU rig's inventory).
 RIG_GPU_FIELDS = ("name", "vram_mib", "compute_capability", "headless")
 COMPUTE_CAPABILITY_RE = re.compile(r"^[0-9]+\.[0-9]$")
+# The llama.cpp image's inputs (roles/llamacpp_image/tasks/tag.yml asserts the same on the effective values).
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+CUDA_ARCHITECTURES_RE = re.compile(r"^[0-9]+(-real|-virtual)?(;[0-9]+(-real|-virtual)?)*$")
 DRIVER_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
 LOOPBACK_NAMES = ("localhost",)
 

@@ -33,6 +33,22 @@ def test_second_converge_takes_the_fast_path_and_changes_nothing(sandbox_provisi
     assert 'llama-server "main" on sandbox answers at http://127.0.0.1:18080' in " ".join(second.output.split())
 
 
+def test_a_server_restarted_since_its_canary_is_sent_one_on_the_fast_path(sandbox_provisioned):
+    """A restart (a crash, a reboot) leaves the rig as recorded, but the server's current run has passed no canary:
+    the fast path names the rig's settings (roles/rig_context, only now) and sends one, changing nothing."""
+    unit = "rigkit-llama-main.service"
+    assert run(["docker", "exec", "rigkit-sandbox", "systemctl", "restart", unit]).returncode == 0
+    again = provision_sandbox("provision-sandbox-restarted")
+    assert again.returncode == 0, again.tail(120)
+    assert recap(again.output)["sandbox"]["changed"] == 0, again.tail(120)
+    assert again.statuses("sandbox", FAST_PATH) == ["ok"]
+    assert again.statuses("sandbox", HEALTH) == ["ok"]
+    assert again.statuses("sandbox", REPORT) == ["ok"]
+    assert "sandbox: as its last converge left it: no role runs on it in this run" in again.output
+    after = provision_sandbox("provision-sandbox-after-restart")
+    assert after.tasks("sandbox", HEALTH) == [] and after.statuses("sandbox", REPORT) == ["ok"]
+
+
 def test_a_full_converge_of_the_converged_rig_changes_nothing_and_records_it(sandbox_provisioned):
     """Without the record every role runs, finds what it wants (changed=0), and the record is written again."""
     assert run(["docker", "exec", "rigkit-sandbox", "rm", "-f", RECORD]).returncode == 0

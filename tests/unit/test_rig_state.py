@@ -6,6 +6,7 @@ path, and the hand edits that leave it, are tests/integration/test_sandbox_provi
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import re
 import shutil
@@ -18,7 +19,16 @@ import yaml
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
 # isort: split
-from ansible.module_utils.rig_state import SMALL_FILE, compare, files, part_digests, read_state, write_record
+from ansible.module_utils.rig_state import (
+    SMALL_FILE,
+    compare,
+    files,
+    images,
+    part_digests,
+    read_state,
+    units,
+    write_record,
+)
 
 from rigkit.rig_inputs import code_digest, input_names, inputs_digest, lock_digest
 from tests.support import REPO, run_module
@@ -94,6 +104,48 @@ def test_the_state_reads_this_machines_packages_units_and_kernel(tree: Path) -> 
     assert any("no-such-unit.service" in line for line in state["units"]) or state["units"][0].startswith("<")
 
 
+def test_the_images_are_read_from_the_engines_api_on_its_socket(tmp_path: Path) -> None:
+    """The state's images come from GET /images/json on the engine's unix socket (no docker CLI started): one line
+    per tag, untagged images as <none>:<none>, sorted; an engine that does not answer reads as a marker."""
+    import socketserver
+
+    listed = [
+        {"Id": "sha256:b", "RepoTags": ["rigkit/llama-server:b1-abc", "rigkit/llama-server:latest"]},
+        {"Id": "sha256:a", "RepoTags": None},
+    ]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(listed).encode() if self.path == "/images/json" else b"{}"
+            self.send_response(200 if self.path == "/images/json" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def address_string(self) -> str:  # a unix socket has no peer address
+            return "engine"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Engine(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+    path = str(tmp_path / "docker.sock")
+    engine = Engine(path, Handler)
+    thread = threading.Thread(target=engine.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert images([path]) == (
+            "<none>:<none> sha256:a\nrigkit/llama-server:b1-abc sha256:b\nrigkit/llama-server:latest sha256:b"
+        )
+    finally:
+        engine.shutdown()
+        engine.server_close()
+    assert images([path]).startswith("<docker engine unreadable")  # the socket file is left, nobody listens
+    assert images([str(tmp_path / "absent.sock")]) == "<no docker engine>"
+
+
 def test_the_module_records_then_finds_the_rig_in_sync_until_a_file_changes(tree: Path, tmp_path: Path) -> None:
     args = {"inputs": "abc", "watch": [str(tree)], "path": str(tmp_path / "state" / "converged.json")}
     checked, printed = run_module("rig_converged", args)
@@ -137,29 +189,49 @@ def health_server():
 
 
 def test_a_rig_that_matches_is_asked_for_health_in_the_same_run(tree: Path, tmp_path: Path, health_server) -> None:
-    """The fast path's one module run also polls /health (with the API key as a bearer token, never printed); a
-    matching rig whose server does not answer fails the module, marked for check.yml; a rig that does not match is
-    not asked. Without systemd here the unit has no invocation ID, so no canary record counts (a canary is owed)."""
+    """The fast path's one module run also polls /health of the server the record names (with the API key as a
+    bearer token, never printed nor recorded); a matching rig whose server does not answer fails the module, marked
+    for check.yml; a rig that does not match is not asked. Without systemd here the unit has no invocation ID, so
+    no canary record counts (a canary is owed)."""
     url, seen = health_server
     args = {"inputs": "abc", "watch": [str(tree)], "path": str(tmp_path / "converged.json")}
-    run_module("rig_converged", {**args, "state": "record"})
-    server = {
-        "url": url,
-        "api_key": "k3y",
-        "unit": "rigkit-llama-main.service",
-        "record": str(tmp_path / "main.canary.json"),
-        "timeout": 5,
-    }
-    serving, printed = run_module("rig_converged", {**args, "server": server})
-    assert serving["in_sync"] is True and serving["server"]["from_record"] is False, printed
-    assert seen == ["Bearer k3y"] and "k3y" not in printed
+    server = {"url": url, "unit": "rigkit-llama-main.service", "record": str(tmp_path / "main.canary.json")}
+    run_module("rig_converged", {**args, "state": "record", "units": ["docker.service"], "server": server})
+    record = json.loads((tmp_path / "converged.json").read_text())
+    assert record["server"] == {**server, "ca_file": None} and record["units"] == ["docker.service"]
 
-    silent = {**server, "url": "http://127.0.0.1:9", "timeout": 2}
-    gone, printed = run_module("rig_converged", {**args, "server": silent})
+    # Nothing names the server nor the units: the check reads both from the record.
+    serving, printed = run_module("rig_converged", {**args, "api_key": "k3y", "health_timeout": 5})
+    assert serving["in_sync"] is True and serving["server"]["from_record"] is False, printed
+    assert serving["server"]["url"] == url
+    assert seen == ["Bearer k3y"] and "k3y" not in printed and "k3y" not in json.dumps(record)
+
+    # The recorded units are the ones read (units named in the check would be read instead).
+    assert serving["parts"]["units"] == part_digests({"units": units(["docker.service"])})["units"]
+    others, _ = run_module("rig_converged", {**args, "units": ["ssh.service"], "api_key": "k3y", "health_timeout": 5})
+    assert others["parts"]["units"] == part_digests({"units": units(["ssh.service"])})["units"]
+
+    silent = {**server, "url": "http://127.0.0.1:9"}
+    gone, printed = run_module("rig_converged", {**args, "server": silent, "health_timeout": 2})
     assert gone.get("failed") is True and gone["server_unanswered"] is True, printed
     assert "its server does not answer" in gone["msg"]
-    other, printed = run_module("rig_converged", {**args, "inputs": "other", "server": silent})
+    other, printed = run_module("rig_converged", {**args, "inputs": "other", "server": silent, "health_timeout": 2})
     assert other["in_sync"] is False and "server" not in other, printed
+
+
+def test_a_record_without_a_server_asks_none(tree: Path, tmp_path: Path) -> None:
+    """A record of the previous version (no units, no server) never matches: the next run converges and records
+    again; a record without a server (a state recorded with none) is checked without a /health poll."""
+    path = tmp_path / "converged.json"
+    args = {"inputs": "abc", "watch": [str(tree)], "path": str(path)}
+    run_module("rig_converged", {**args, "state": "record"})
+    checked, printed = run_module("rig_converged", args)
+    assert checked["in_sync"] is True and "server" not in checked, printed
+    old = json.loads(path.read_text())
+    old["version"] = 1
+    path.write_text(json.dumps(old))
+    stale, _ = run_module("rig_converged", args)
+    assert stale["in_sync"] is False and "no converge recorded" in stale["reasons"][0]
 
 
 def test_record_in_check_mode_writes_nothing(tree: Path, tmp_path: Path) -> None:
@@ -219,6 +291,15 @@ def test_the_inputs_are_the_role_variables_not_the_runs_own_results() -> None:
         inputs_digest({**values, "llama_server_report": {"x": 1}}, {**values, "llama_server_report": 1}.__getitem__)
         == before
     )
+    # What roles/rig_context names is derived from the inputs: the fast path digests before naming anything, the
+    # record keeps that digest, and a digest taken after naming is the same.
+    named = {
+        **values,
+        "llama_server_effective": {"url": "http://127.0.0.1:1"},
+        "models_target_path": "/x",
+        "rig_context_ready": True,
+    }
+    assert inputs_digest(named, named.__getitem__) == before
     assert lock_digest({"unit_sha256": "a"}) != lock_digest({"unit_sha256": "b"}) != lock_digest(None)
 
 
