@@ -13,7 +13,9 @@ reported, with the load average before and after each section (the machine is sh
    the Ansible module (goal ratio <= 1.2);
 3. ``download``: loopback download of the --size-mib GGUF from the kit's mirror (``rigkit mirror``, a separate
    process, sendfile): ``fetch_model`` (streams, hashes in a second thread, fsyncs, checks the header, renames)
-   against ``curl -o`` (goal >= 0.8x) and ``curl -o`` + ``sync --data`` (durable like the fetcher's result);
+   against ``curl -o`` (goal >= 0.8x) and ``curl -o`` + ``sync --data`` (durable like the fetcher's result), and
+   the disk's own floor for a durable write of that size (``dd if=/dev/zero conv=fdatasync``, no network, no
+   hash): a durable writer cannot be faster than this, while ``curl -o`` never waits for the disk;
 4. ``resume``: bytes re-sent on resume: a connection reset at 40 % (retry in the same run) and an interrupted run
    resumed by the next one, counted by the Hugging Face stand-in (goal <= 1 % extra);
 5. ``fleet3``: fleet delivery without containers: the controller's cache is filled once from the upstream (the
@@ -94,6 +96,19 @@ def interleaved_samples(contenders: dict[str, Callable[[], Any]], reps: int) -> 
             fn()
             samples[name].append(time.perf_counter() - start)
     return samples
+
+
+def williams_order(count: int, row: int) -> list[int]:
+    """Row ``row`` (mod ``count``) of a Williams square for an even ``count``: over ``count`` rows, each index
+    follows each other index exactly once (0, 1, n-1, 2, n-2, ... shifted by the row)."""
+    base, low, high = [0], 1, count - 1
+    while len(base) < count:
+        base.append(low)
+        low += 1
+        if len(base) < count:
+            base.append(high)
+            high -= 1
+    return [(index + row) % count for index in base]
 
 
 def load() -> list[float]:
@@ -299,21 +314,33 @@ def bench_download(gguf: Path, work: Path, reps: int) -> dict[str, Any]:
         curl()
         subprocess.run(["sync", "--data", str(curl_dest)], check=True)
 
+    dd_dest = out / "dd.bin"
+
+    def disk_floor() -> None:  # the same bytes made durable, from nowhere: what the disk alone costs
+        count = f"count={size // (1 << 20)}"
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={dd_dest}", "bs=1M", count, "conv=fdatasync", "status=none"], check=True
+        )
+
     def clean() -> None:  # unlinked right after its run: its dirty pages never slow the next contender
-        for path in (dest, curl_dest):
+        for path in (dest, curl_dest, dd_dest):
             path.unlink(missing_ok=True)
         forget_record(dest)
 
     load_before = load()
     try:
-        samples: dict[str, list[float]] = {"curl_o": [], "fetch_model": [], "curl_o_then_sync": []}
-        contenders = list({"curl_o": curl, "fetch_model": ours, "curl_o_then_sync": curl_then_sync}.items())
-        # The order turns each repetition (a b c, b c a, c a b, ...): a contender runs slower right after another
-        # one on this VM's disk (measured: fetch_model 1.2 s after itself, 2.0 s right after curl -o), so each
-        # follows each other equally often. Use a multiple of 3 repetitions.
+        runs = {"curl_o": curl, "fetch_model": ours, "curl_o_then_sync": curl_then_sync, "dd_fdatasync": disk_floor}
+        samples: dict[str, list[float]] = {name: [] for name in runs}
+        contenders = list(runs.items())
+        # Each repetition runs them in another order of a Williams square (a b d c, b c a d, c d b a, d a c b):
+        # over 4 repetitions every contender follows every other one exactly once. On this VM's disk (ext4 mounted
+        # with discard) what came before matters: a durable write is fast right after another one rewrote the
+        # same, just freed blocks (dd conv=fdatasync of 1 GiB: 0.6 s) and slow once they were discarded (1.7-4 s
+        # after a sync and a pause); a plain turn of one order (a b c d, b c d a, ...) keeps each contender after
+        # the same one. Use a multiple of 4 repetitions.
         for rep in range(reps):
-            turn = rep % len(contenders)
-            for name, fn in contenders[turn:] + contenders[:turn]:
+            for index in williams_order(len(contenders), rep):
+                name, fn = contenders[index]
                 clean()
                 start = time.perf_counter()
                 fn()
@@ -333,6 +360,7 @@ def bench_download(gguf: Path, work: Path, reps: int) -> dict[str, Any]:
         "MBps": {name: size / MB / t for name, t in med.items()},
         "fetch_model_vs_curl": med["curl_o"] / med["fetch_model"],
         "fetch_model_vs_curl_then_sync": med["curl_o_then_sync"] / med["fetch_model"],
+        "fetch_model_vs_disk_floor": med["dd_fdatasync"] / med["fetch_model"],
     }
 
 
