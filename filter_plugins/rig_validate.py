@@ -1,9 +1,10 @@
 """Jinja filters that validate a rig's description on the controller (logic in rigkit/rig_validate.py).
 
 They run while the validation play templates its tasks: nothing connects to a rig.
-``ansible_play_hosts | rig_fleet_problems(hostvars, ansible_inventory_sources)`` lists every problem of every rig of
-the play ({rig: problems}); ``rig_fleet_preflight`` runs the pairing and memory preflight on cached GGUF headers for
-each (provision.yml, once the models play filled the cache); ``rig_fleet_validation`` both, for the validation play.
+``ansible_play_hosts | rig_fleet_validation(hostvars, ansible_inventory_sources)`` lists every problem of every rig
+of the play and, for the sound ones, what the pairing and memory preflight finds on the cached GGUF headers (the
+validation play); ``rig_fleet_preflight`` runs that preflight alone (provision.yml, once the models play filled
+the cache).
 """
 
 from __future__ import annotations
@@ -42,44 +43,37 @@ def _values(hostvars: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _problems(
-    host_vars: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], specs: Any
+    values: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], specs: Any
 ) -> list[str]:
-    values = _values(host_vars)
     sources = Sources(inventory, host, groups)
     return _rig_problems(host, values, specs=specs, sources=sources, catalog=values.get("model_catalog"))
 
 
 def _preflight(
-    host_vars: Mapping[str, Any],
+    values: Mapping[str, Any],
     host: str,
     groups: list[str],
     inventory: str | list[str],
     cache_dir: str,
     defaults: Mapping[str, Any],
 ) -> list[str]:
-    resolved = {k: v for k, v in _values(host_vars).items() if not isinstance(v, Unresolved)}
-    values = {**defaults, **resolved}
+    resolved = {k: v for k, v in values.items() if not isinstance(v, Unresolved)}
+    merged = {**defaults, **resolved}
     sources = Sources(inventory, host, groups)
-    return controller_preflight(host, values, sources=sources, catalog=values.get("model_catalog"), cache_dir=cache_dir)
+    return controller_preflight(host, merged, sources=sources, catalog=merged.get("model_catalog"), cache_dir=cache_dir)
 
 
-# The same for every rig of the play in one task (``ansible_play_hosts | rig_fleet_problems(hostvars, ...)``):
-# {rig: problems}. One process reads the roles' specs and the shared group_vars files once for the whole fleet,
-# where a task per rig would read them again in every rig's worker.
-def rig_fleet_problems(
-    hosts: list[str], hostvars: Mapping[str, Any], inventory: str | list[str]
-) -> dict[str, list[str]]:
-    specs = load_specs(ROLES_DIR)
-    return {host: _problems(hostvars[host], host, hostvars[host]["group_names"], inventory, specs) for host in hosts}
-
-
+# For every rig of the play in one task: one process reads the roles' specs and the shared group_vars files once
+# for the whole fleet, where a task per rig would read them again in every rig's worker.
 def rig_fleet_preflight(
     hosts: list[str], hostvars: Mapping[str, Any], inventory: str | list[str]
 ) -> dict[str, list[str]]:
+    """{rig: problems} of the pairing and memory preflight on the cached GGUF headers (provision.yml, once the
+    models play filled the controller's cache)."""
     defaults = plain_defaults(ROLES_DIR, "llama_server")
     return {
         host: _preflight(
-            hostvars[host],
+            _values(hostvars[host]),
             host,
             hostvars[host]["group_names"],
             inventory,
@@ -90,21 +84,31 @@ def rig_fleet_preflight(
     }
 
 
-# The validation play's one fleet-wide task: {rig: {"problems": [...], "preflight": [...]}}; the preflight is read
-# only for a rig whose description is sound (its values are the ones the preflight expects).
 def rig_fleet_validation(
     hosts: list[str], hostvars: Mapping[str, Any], inventory: str | list[str]
 ) -> dict[str, dict[str, list[str]]]:
-    problems = rig_fleet_problems(hosts, hostvars, inventory)
-    sound = [host for host in hosts if not problems[host]]
-    preflight = rig_fleet_preflight(sound, hostvars, inventory)
-    return {host: {"problems": problems[host], "preflight": preflight.get(host, [])} for host in hosts}
+    """The validation play's one task: {rig: {"problems": [...], "preflight": [...]}}. Each rig's variables are
+    templated once; the preflight is read only for a rig whose description is sound (its values are the ones the
+    preflight expects)."""
+    specs = load_specs(ROLES_DIR)
+    defaults = plain_defaults(ROLES_DIR, "llama_server")
+    results: dict[str, dict[str, list[str]]] = {}
+    for host in hosts:
+        host_vars = hostvars[host]
+        values, groups = _values(host_vars), host_vars["group_names"]
+        problems = _problems(values, host, groups, inventory, specs)
+        preflight = (
+            []
+            if problems
+            else _preflight(values, host, groups, inventory, host_vars["rig_controller_cache_dir"], defaults)
+        )
+        results[host] = {"problems": problems, "preflight": preflight}
+    return results
 
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
-            "rig_fleet_problems": rig_fleet_problems,
             "rig_fleet_preflight": rig_fleet_preflight,
             "rig_fleet_validation": rig_fleet_validation,
         }

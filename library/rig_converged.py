@@ -78,6 +78,15 @@ options:
         description: The file where the canary of the unit's current run keeps its figures.
         type: path
         required: true
+      instance:
+        description: The server instance's name (the report line).
+        type: str
+      spec_type:
+        description: The speculative decoding the server runs with (the report line).
+        type: str
+      canary_tokens:
+        description: Tokens the canary asks for (the report line).
+        type: int
   api_key:
     description: With O(state=check), the server's API key (sent as a bearer token to C(/health); never logged).
     type: str
@@ -133,10 +142,11 @@ parts:
 server:
   description:
     - >-
-      On a rig that matches and whose server is known (recorded, or O(server)): C(url), C(waited) (seconds until
-      C(/health) answered), C(from_record) (true: the canary figures C(draft_n), C(draft_n_accepted),
-      C(acceptance), C(predicted_per_second), C(speculative), C(build_info) of the unit's current run follow;
-      false: no canary passed since the server last started).
+      On a rig that matches and whose server is known (recorded, or O(server)): C(url), C(instance),
+      C(spec_type), C(canary_tokens) (as recorded), C(waited) (seconds until C(/health) answered),
+      C(from_record) (true: the canary figures C(draft_n), C(draft_n_accepted), C(acceptance),
+      C(predicted_per_second), C(speculative), C(build_info) of the unit's current run follow; false: no canary
+      passed since the server last started).
   returned: state=check, in_sync and a server known
   type: dict
 """
@@ -161,6 +171,9 @@ SERVER_SPEC = {
     "ca_file": {"type": "path"},
     "unit": {"type": "str", "required": True},
     "record": {"type": "path", "required": True},
+    "instance": {"type": "str"},
+    "spec_type": {"type": "str"},
+    "canary_tokens": {"type": "int"},
 }
 
 
@@ -178,7 +191,8 @@ def server_figures(module: AnsibleModule, server: dict[str, Any], api_key: str |
         text, log = unit.failure(f"the rig is as its last converge left it, but its server does not answer: {exc}")
         module.fail_json(msg=text, server_log=log, server_unanswered=True)
     kept = read_record(server["record"], unit.invocation)
-    return {"url": server["url"], "waited": round(waited, 2), "from_record": kept is not None, **(kept or {})}
+    recorded = {key: server.get(key) for key in ("url", "instance", "spec_type", "canary_tokens")}
+    return {**recorded, "waited": round(waited, 2), "from_record": kept is not None, **(kept or {})}
 
 
 def main() -> None:

@@ -35,8 +35,9 @@ SMALL_FILE = 1 << 20  # bytes: hashed in full below this size
 RECORD_PATH = "/var/lib/rigkit/converged.json"
 # Where the Docker engine listens (the state's images are read from its API).
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
-# What the record keeps of the server (its address and unit, where its canary keeps its figures).
-SERVER_KEYS = ("url", "ca_file", "unit", "record")
+# What the record keeps of the server: its address and unit, where its canary keeps its figures, and what it runs
+# (instance, speculative decoding type, canary length) for the report line.
+SERVER_KEYS = ("url", "ca_file", "unit", "record", "instance", "spec_type", "canary_tokens")
 # 2: the record also says which units it covers and where the server answers (the check reads them back).
 RECORD_VERSION = 2
 
@@ -190,7 +191,8 @@ def recorded_units(record: dict[str, Any] | None) -> list[str]:
 
 
 def recorded_server(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Where the recorded converge's server answers: url, ca_file, unit, record (None: no server recorded)."""
+    """Where the recorded converge's server answers (url, ca_file, unit, canary record) and what it runs
+    (instance, spec_type, canary_tokens); None: no server recorded."""
     server = (record or {}).get("server")
     if not isinstance(server, dict) or not all(server.get(key) for key in ("url", "unit", "record")):
         return None
@@ -204,8 +206,8 @@ def write_record(
     units: Sequence[str] = (),
     server: dict[str, Any] | None = None,
 ) -> None:
-    """Atomically, root-only (it says nothing secret, but only the kit writes it). ``server``'s url, ca_file,
-    unit and canary record are kept, nothing else (never a key)."""
+    """Atomically, root-only (it says nothing secret, but only the kit writes it). Of ``server`` only SERVER_KEYS
+    are kept (never a key)."""
     record = {
         "version": RECORD_VERSION,
         "inputs": inputs,

@@ -198,7 +198,8 @@ def test_a_rig_that_matches_is_asked_for_health_in_the_same_run(tree: Path, tmp_
     server = {"url": url, "unit": "rigkit-llama-main.service", "record": str(tmp_path / "main.canary.json")}
     run_module("rig_converged", {**args, "state": "record", "units": ["docker.service"], "server": server})
     record = json.loads((tmp_path / "converged.json").read_text())
-    assert record["server"] == {**server, "ca_file": None} and record["units"] == ["docker.service"]
+    assert {key: value for key, value in record["server"].items() if value is not None} == server
+    assert record["units"] == ["docker.service"]
 
     # Nothing names the server nor the units: the check reads both from the record.
     serving, printed = run_module("rig_converged", {**args, "api_key": "k3y", "health_timeout": 5})
@@ -340,3 +341,28 @@ def test_every_path_a_role_writes_lies_under_a_watched_root() -> None:
     assert "/etc/docker/daemon.json" in paths and "/etc/apt/keyrings/docker.asc" in paths  # the scan works
     outside = sorted(p for p in paths if not any(p == root or p.startswith(root.rstrip("/") + "/") for root in WATCH))
     assert outside == [], f"add these to rig_state_watch (roles/rig_state/defaults/main.yml): {outside}"
+
+
+def test_the_report_line_reads_the_canary_figures() -> None:
+    """The line a run ends with (llama_server's report.yml, and the fast path's report from the record): the same
+    filter for both."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("llama_server_filters", REPO / "filter_plugins" / "llama_server.py")
+    assert spec and spec.loader
+    filters = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(filters)
+    line = filters.FilterModule().filters()["llama_server_report_line"]
+    figures = {
+        "build_info": "b1-abc",
+        "draft_n": 24,
+        "draft_n_accepted": 18,
+        "acceptance": 0.75,
+        "predicted_per_second": 31.44,
+    }
+    assert line(figures, "rig", "main", "http://127.0.0.1:1", "draft-mtp", 32) == (
+        'llama-server "main" on rig answers at http://127.0.0.1:1 (b1-abc, draft-mtp): draft acceptance 0.75 '
+        "(18 accepted / 24 drafted), 31.4 tokens/s on a 32-token canary."
+    )
+    plain = line({"build_info": "b1-abc", "draft_n": 0, "predicted_per_second": 9}, "rig", "main", "u", "none", 8)
+    assert plain.endswith("(b1-abc, none): no drafting, 9.0 tokens/s on a 8-token canary.")
