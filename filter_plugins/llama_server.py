@@ -10,6 +10,7 @@ from ansible.errors import AnsibleFilterError
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
 # isort: split
+from ansible.module_utils.net_address import is_loopback
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset
 
 
@@ -42,4 +43,8 @@ def _report_line(report: Any, rig: str, instance: str, url: str, spec_type: str,
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"llama_server_nft_allowlist": _nft_allowlist, "llama_server_report_line": _report_line}
+        return {
+            "llama_server_nft_allowlist": _nft_allowlist,
+            "llama_server_report_line": _report_line,
+            "rigkit_is_loopback": is_loopback,
+        }

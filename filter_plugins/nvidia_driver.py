@@ -1,4 +1,5 @@
-"""Jinja filters for the nvidia_driver role (logic in module_utils/nvidia_kernels.py, shared with its module)."""
+"""Jinja filters for the nvidia_driver role (logic in module_utils/nvidia_kernels.py and nvidia_compat.py,
+shared with its module, the controller's validation and discovery)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from ansible.errors import AnsibleFilterError
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
 # isort: split
+from ansible.module_utils.nvidia_compat import cuda_repo_key, gpu_identity_problem, open_modules_problem
 from ansible.module_utils.nvidia_kernels import headers_metapackages
 
 
@@ -19,6 +21,25 @@ def _headers_metapackages(packages: Any) -> list[str]:
     return [f"{name}={version}" for name, version in headers_metapackages(packages).items()]
 
 
+def _gpu_identity_problem(reported: Any, expected: Any) -> str:
+    """nvidia-smi's GPU vs rig_gpu: '' when they match, else what differs."""
+    if not isinstance(reported, dict) or not isinstance(expected, dict):
+        raise AnsibleFilterError("nvidia_gpu_identity_problem expects two mappings (nvidia-smi's GPU, rig_gpu)")
+    return gpu_identity_problem(expected, reported) or ""
+
+
+def _open_modules_problem(modules: Any, branch: Any, rig_gpu: Any) -> str:
+    """'' unless nvidia_driver_kernel_modules is open and that branch's open module would not drive the GPU."""
+    if modules != "open" or not isinstance(rig_gpu, dict):
+        return ""
+    return open_modules_problem(branch, rig_gpu.get("name"), rig_gpu.get("compute_capability")) or ""
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"nvidia_headers_metapackages": _headers_metapackages}
+        return {
+            "nvidia_headers_metapackages": _headers_metapackages,
+            "nvidia_gpu_identity_problem": _gpu_identity_problem,
+            "nvidia_open_modules_problem": _open_modules_problem,
+            "nvidia_cuda_repo_key": cuda_repo_key,
+        }

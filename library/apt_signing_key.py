@@ -8,9 +8,13 @@ DOCUMENTATION = r"""
 module: apt_signing_key
 short_description: Install a repository signing key, refused unless its fingerprint is pinned
 description:
-  - Downloads O(url) (TLS verified), reads every primary OpenPGP public key in it (armored or binary) and
-    writes it to O(dest) only when each one has a fingerprint listed in O(fingerprints). Anything else (a
-    rotated or substituted key, an HTML error page) fails, naming what was found, and leaves O(dest) as it was.
+  - Downloads O(url) (TLS verified) and parses it into OpenPGP packets (armored or binary). It must hold
+    exactly one public key (one primary key with its user IDs, subkeys and signatures) and nothing else; a
+    second armor block, a second primary key or trailing bytes are refused, since apt trusts every key a
+    keyring holds. The key's fingerprint must be listed in O(fingerprints).
+  - Only the packets that were checked are written to O(dest), re-encoded and ASCII-armored (a fresh CRC-24),
+    never the downloaded file. Anything else (a rotated or substituted key, an HTML error page, a file with a
+    second key) fails, naming what was found, and leaves O(dest) as it was.
   - O(dest) is then the repository's C(signed_by) (C(ansible.builtin.deb822_repository)).
 options:
   url:
@@ -54,7 +58,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 fingerprints:
-  description: The primary-key fingerprints found in the downloaded key.
+  description: The primary-key fingerprint found in the downloaded key (one; a file with more is refused).
   returned: always
   type: list
   elements: str
@@ -64,10 +68,8 @@ import os
 
 from ansible.module_utils.atomic_file import write_bytes_atomic
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.openpgp_key import KeyFileError, normalise_fingerprint, primary_fingerprints
+from ansible.module_utils.openpgp_key import MAX_KEY_FILE, KeyFileError, normalise_fingerprint, read_public_key
 from ansible.module_utils.urls import fetch_url
-
-MAX_KEY_BYTES = 1024 * 1024
 
 
 def main() -> None:
@@ -94,16 +96,19 @@ def main() -> None:
     resp, info = fetch_url(module, url, timeout=module.params["timeout"])
     if resp is None or info.get("status") != 200:
         module.fail_json(msg=f"cannot download the signing key {url}: HTTP {info.get('status')} {info.get('msg')}")
-    data = resp.read(MAX_KEY_BYTES + 1)
+    data = resp.read(MAX_KEY_FILE + 1)
     try:
-        found = primary_fingerprints(data)
+        key = read_public_key(data)
     except KeyFileError as exc:
-        module.fail_json(msg=f"{url} is not a usable OpenPGP key: {exc}")
-    strangers = [fp for fp in found if fp not in pinned]
-    if strangers:
+        module.fail_json(
+            msg=f"refusing the signing key from {url}: {exc}. Nothing was installed; check the URL, and ask the "
+            "vendor if the file there really changed"
+        )
+    found = [key.fingerprint]
+    if key.fingerprint not in pinned:
         module.fail_json(
             msg=(
-                f"refusing the signing key from {url}: its fingerprint {', '.join(strangers)} is not a pinned one "
+                f"refusing the signing key from {url}: its fingerprint {key.fingerprint} is not a pinned one "
                 f"{source}. If the vendor really rotated its key, check the new fingerprint against its "
                 f"documentation and pin it in {variable or 'the role defaults'}."
             ),
@@ -114,10 +119,11 @@ def main() -> None:
             current = handle.read()
     except FileNotFoundError:
         current = None
-    changed = current != data
+    checked = key.armored()  # only the packets checked above, never the downloaded bytes
+    changed = current != checked
     if changed and not module.check_mode:
         os.makedirs(os.path.dirname(dest) or ".", mode=0o755, exist_ok=True)
-        write_bytes_atomic(dest, data, int(module.params["mode"], 8))
+        write_bytes_atomic(dest, checked, int(module.params["mode"], 8))
     module.exit_json(changed=changed, fingerprints=found, dest=dest)
 
 

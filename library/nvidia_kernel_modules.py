@@ -14,8 +14,10 @@ description:
     the open modules).
   - Builds the module with C(dkms install -m NAME -v VERSION -k KERNEL) for each kernel that lacks it, so the next
     boot, into whichever kernel, finds the driver.
-  - Refuses before building anything when a kernel has no headers (naming the kernel and the
-    C(linux-headers-KERNEL) package to install), and fails with the DKMS log's error lines when a build fails.
+  - Installs the headers (C(linux-headers-KERNEL)) of every kernel that lacks them and the module, where an
+    enabled apt source carries them (O(install_headers)); refuses before building anything when a kernel's
+    headers cannot be had (naming the kernel and the package), and fails with the DKMS log's error lines when a
+    build fails.
   - With O(require_signed=true) (Secure Boot), every module must be signed by DKMS's key (C(modinfo -F signer) and
     C(sig_key) against the certificate DKMS signs with, C(/var/lib/dkms/mok.pub) by default); a module that is
     not is built again (signed), and the run fails when it still is not.
@@ -46,6 +48,10 @@ options:
     description: Seconds one DKMS build may take.
     type: int
     default: 1800
+  install_headers:
+    description: Install the missing headers of installed kernels from apt where a source carries them.
+    type: bool
+    default: true
 seealso:
   - name: DKMS
     description: Dynamic Kernel Module Support, which builds the driver's module for each kernel.
@@ -115,6 +121,12 @@ built:
   type: list
   elements: str
   sample: [6.1.0-57-amd64]
+headers_installed:
+  description: The headers packages this run installed (would install, in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: [linux-headers-6.1.0-50-amd64]
 dkms_name:
   description: The DKMS name of the driver's module source.
   returned: always
@@ -123,7 +135,12 @@ dkms_name:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_kernels import KernelModuleError, ensure_modules
+from ansible.module_utils.nvidia_kernels import (
+    KernelModuleError,
+    ensure_modules,
+    install_missing_headers,
+    survey,
+)
 
 
 def main() -> None:
@@ -134,11 +151,34 @@ def main() -> None:
             "boot_dir": {"type": "path", "default": "/boot"},
             "modules_dir": {"type": "path", "default": "/lib/modules"},
             "build_timeout": {"type": "int", "default": 1800},
+            "install_headers": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
     params = module.params
+    headers: list[str] = []
+    apt_failure = ""
+    if params["install_headers"]:
+        headers, apt_failure = install_missing_headers(
+            params["version"],
+            boot_dir=params["boot_dir"],
+            modules_dir=params["modules_dir"],
+            install=not module.check_mode,
+        )
     try:
+        if module.check_mode and headers:
+            # the headers would come first: report what a converge would build, without refusing
+            found = survey(params["version"], boot_dir=params["boot_dir"], modules_dir=params["modules_dir"])
+            built = [kernel["release"] for kernel in found["kernels"] if not kernel["has_module"]]
+            module.exit_json(
+                changed=True,
+                kernels=found["kernels"],
+                running=found["running"],
+                newest=found["newest"],
+                built=built,
+                headers_installed=headers,
+                dkms_name=None,
+            )
         result = ensure_modules(
             params["version"],
             build=not module.check_mode,
@@ -148,11 +188,13 @@ def main() -> None:
             build_timeout=float(params["build_timeout"]),
         )
     except KernelModuleError as exc:
-        module.fail_json(msg=str(exc))
-    report = result.as_dict()
+        module.fail_json(
+            msg=str(exc) + (f" (apt, installing {' '.join(headers)}: {apt_failure})" if apt_failure else "")
+        )
+    report = {**result.as_dict(), "headers_installed": headers}
     if module.check_mode:
         report["built"] = [state.release for state in result.kernels if not state.has_module]
-    module.exit_json(changed=bool(report["built"]), **report)
+    module.exit_json(changed=bool(report["built"] or headers), **report)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,14 @@ options:
         converge named: the record says what it covered).
     type: list
     elements: str
+  nft_tables:
+    description:
+      - >-
+        nftables tables (C(FAMILY NAME)) the kit loaded, whose presence in the kernel the state covers (the
+        allow-list: a C(flush ruleset) removes it without touching a file). Written into the record with
+        O(state=record); read back from it with O(state=check) when not given.
+    type: list
+    elements: str
   path:
     description: Where the record lives on the rig.
     type: path
@@ -161,6 +169,7 @@ from ansible.module_utils.rig_state import (
     load_record,
     part_digests,
     read_state,
+    recorded_nft_tables,
     recorded_server,
     recorded_units,
     write_record,
@@ -195,6 +204,14 @@ def server_figures(module: AnsibleModule, server: dict[str, Any], api_key: str |
     return {**recorded, "waited": round(waited, 2), "from_record": kept is not None, **(kept or {})}
 
 
+def state(module: AnsibleModule, watch: list[str], exclude: list[str], units: list[str], tables: list[str]) -> dict:
+    try:
+        return read_state(watch, exclude, units, tables)
+    except ValueError as exc:
+        module.fail_json(msg=f"nft_tables: {exc}")
+        raise  # fail_json exits; this keeps type checkers informed
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -203,6 +220,7 @@ def main() -> None:
             "watch": {"type": "list", "elements": "path", "required": True},
             "exclude": {"type": "list", "elements": "str", "default": []},
             "units": {"type": "list", "elements": "str"},
+            "nft_tables": {"type": "list", "elements": "str"},
             "path": {"type": "path", "default": "/var/lib/rigkit/converged.json"},
             "max_age": {"type": "int", "default": 86400},
             "server": {"type": "dict", "options": SERVER_SPEC},
@@ -214,14 +232,15 @@ def main() -> None:
     params = module.params
     exclude = [*params["exclude"], params["path"], params["path"] + ".tmp"]
     if params["state"] == "record":
-        units = params["units"] or []
-        parts = part_digests(read_state(params["watch"], exclude, units))
+        units, tables = params["units"] or [], params["nft_tables"] or []
+        parts = part_digests(state(module, params["watch"], exclude, units, tables))
         if not module.check_mode:
-            write_record(params["inputs"], parts, params["path"], units=units, server=params["server"])
+            write_record(params["inputs"], parts, params["path"], units=units, server=params["server"], tables=tables)
         module.exit_json(changed=False, parts=parts)
     record = load_record(params["path"])
     units = params["units"] if params["units"] is not None else recorded_units(record)
-    parts = part_digests(read_state(params["watch"], exclude, units))
+    tables = params["nft_tables"] if params["nft_tables"] is not None else recorded_nft_tables(record)
+    parts = part_digests(state(module, params["watch"], exclude, units, tables))
     reasons = compare(record, params["inputs"], parts, max(params["max_age"], 0))
     result: dict[str, Any] = {"changed": False, "in_sync": not reasons, "reasons": reasons, "parts": parts}
     server = params["server"] or recorded_server(record)

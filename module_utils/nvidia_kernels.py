@@ -73,6 +73,38 @@ def headers_present(release: str, modules_dir: str = MODULES_DIR) -> bool:
     return Path(modules_dir, release, "build", "Makefile").is_file()
 
 
+def apt_candidate(package: str) -> str | None:
+    """The version apt would install of `package` (None when no enabled source carries it)."""
+    code, out, _ = run(["apt-cache", "policy", package])
+    if code != 0:
+        return None
+    match = re.search(r"^\s*Candidate:\s*(\S+)\s*$", out, re.MULTILINE)
+    return match.group(1) if match and match.group(1) != "(none)" else None
+
+
+def install_missing_headers(
+    driver_version: str,
+    *,
+    boot_dir: str = BOOT_DIR,
+    modules_dir: str = MODULES_DIR,
+    install: bool = True,
+    timeout: float = 3600.0,
+) -> tuple[list[str], str]:
+    """Install the headers of every installed kernel that lacks both them and the module, where apt carries them
+    (a rig upgraded from an installer's kernel keeps that kernel without headers). Returns the packages
+    installed (would install, `install` false) and apt's last line when it failed (DKMS's build runs in the
+    headers' hook: its failure is read from DKMS's log afterwards)."""
+    _, _, states = _kernel_states(driver_version, boot_dir, modules_dir, None)
+    wanted = [s.headers_package for s in states if not s.has_module and not s.headers]
+    available = [package for package in wanted if apt_candidate(package)]
+    if not available or not install:
+        return available, ""
+    argv = ["apt-get", "install", "-y", "--no-install-recommends", *available]
+    code, out, err = run(argv, timeout=timeout, env={"DEBIAN_FRONTEND": "noninteractive"})
+    lines = (out + err).strip().splitlines()
+    return available, ("" if code == 0 else (lines[-1] if lines else f"apt-get exit {code}"))
+
+
 def headers_metapackages(packages: dict[str, Any]) -> dict[str, str]:
     """The headers metapackage of every installed kernel-flavour metapackage, at the image's own version.
 
@@ -327,15 +359,15 @@ def ensure_modules(
     without_headers = [state for state in states if not state.has_module and not state.headers]
     if without_headers:
         listed = "; ".join(
-            f"kernel {state.release} ({boot_dir}/vmlinuz-{state.release}) has no headers: "
-            f"install {state.headers_package}"
+            f"kernel {state.release} ({boot_dir}/vmlinuz-{state.release}) has no headers, and no enabled apt "
+            f"source carries {state.headers_package}"
             for state in without_headers
         )
         packages = " ".join(state.headers_package for state in without_headers)
         raise KernelModuleError(
             f"the NVIDIA module {driver_version} cannot be built for every installed kernel: {listed}. "
-            f"Run `apt-get install {packages}` on the rig (or remove that kernel), then provision again; "
-            "nothing was built or changed."
+            f"Enable the source that carries them and run `apt-get install {packages}` on the rig, or remove "
+            "that kernel, then provision again; nothing was built or changed."
         )
     name = dkms_module_name(driver_version, dkms_dir)
     identity: tuple[str, set[str]] = ("", set())

@@ -7,17 +7,19 @@ could not answer instead of failing the module.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
-def run(argv: Sequence[str], timeout: float = 60.0) -> tuple[int, str, str]:
+def run(argv: Sequence[str], timeout: float = 60.0, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
     argv = list(argv)
     if shutil.which(argv[0]) is None:
         return 127, "", f"{argv[0]} not found"
+    environment = {**os.environ, **env} if env else None
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=environment)
     except subprocess.TimeoutExpired:
         return 124, "", f"{' '.join(argv)} timed out after {timeout:.0f} s"
     return done.returncode, done.stdout, done.stderr

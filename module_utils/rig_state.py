@@ -13,7 +13,9 @@ roles would undo is never missed:
 - every installed package with its version and selection (a hold, an upgrade: any apt change anywhere);
 - the state of the units the kit keeps running (active and enabled);
 - the Docker images the engine holds (tag and ID);
-- the running kernel and the kernel modules DKMS built.
+- the running kernel and the kernel modules DKMS built;
+- whether the nftables tables the kit loaded are still loaded (the allow-list lives in the kernel, not on disk:
+  `nft -f` of a ruleset that begins with `flush ruleset` removes it and leaves every file as it was).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import socket
 import stat
 import time
@@ -154,7 +157,23 @@ def kernel() -> list[str]:
     return [f"running {release}", *built]
 
 
-def read_state(watch: Iterable[str], exclude: Sequence[str], unit_names: Iterable[str]) -> dict[str, Any]:
+NFT_TABLE_RE = re.compile(r"(inet|ip|ip6|arp|bridge|netdev) [A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def nft_tables(names: Iterable[str]) -> list[str]:
+    """ "FAMILY NAME loaded" or "FAMILY NAME not loaded" for each table (`nft list table`, read only)."""
+    lines = []
+    for name in sorted(set(names)):
+        if not NFT_TABLE_RE.fullmatch(name):
+            raise ValueError(f"{name!r} is not an nftables table (FAMILY NAME, e.g. inet rigkit_llama_main)")
+        code, _out, _err = run(["nft", "list", "table", *name.split()])
+        lines.append(f"{name} {'loaded' if code == 0 else 'not loaded'}")
+    return lines
+
+
+def read_state(
+    watch: Iterable[str], exclude: Sequence[str], unit_names: Iterable[str], tables: Iterable[str] = ()
+) -> dict[str, Any]:
     """Everything the digest covers, by part (the parts are kept so a mismatch can say where it is)."""
     return {
         "files": files(watch, exclude),
@@ -162,6 +181,7 @@ def read_state(watch: Iterable[str], exclude: Sequence[str], unit_names: Iterabl
         "units": units(unit_names),
         "images": images(),
         "kernel": kernel(),
+        "nftables": nft_tables(tables),
     }
 
 
@@ -190,6 +210,12 @@ def recorded_units(record: dict[str, Any] | None) -> list[str]:
     return [str(unit) for unit in units] if isinstance(units, list) else []
 
 
+def recorded_nft_tables(record: dict[str, Any] | None) -> list[str]:
+    """The nftables tables the record's state covers (the kit's allow-lists)."""
+    tables = (record or {}).get("nft_tables")
+    return [str(table) for table in tables] if isinstance(tables, list) else []
+
+
 def recorded_server(record: dict[str, Any] | None) -> dict[str, Any] | None:
     """Where the recorded converge's server answers (url, ca_file, unit, canary record) and what it runs
     (instance, spec_type, canary_tokens); None: no server recorded."""
@@ -205,6 +231,7 @@ def write_record(
     path: str = RECORD_PATH,
     units: Sequence[str] = (),
     server: dict[str, Any] | None = None,
+    tables: Sequence[str] = (),
 ) -> None:
     """Atomically, root-only (it says nothing secret, but only the kit writes it). Of ``server`` only SERVER_KEYS
     are kept (never a key)."""
@@ -214,6 +241,7 @@ def write_record(
         "state": digest(parts),
         "parts": parts,
         "units": list(units),
+        "nft_tables": list(tables),
         "server": {key: server.get(key) for key in SERVER_KEYS} if server else None,
         "recorded_at": int(time.time()),
     }
@@ -226,6 +254,9 @@ def write_record(
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(scratch, path)
+
+
+_HINTS = {"nftables": " (a table the kit loaded, the client allow-list, is not loaded: a `flush ruleset`?)"}
 
 
 def compare(
@@ -243,5 +274,7 @@ def compare(
     if record.get("inputs") != inputs:
         reasons.append("the inputs changed (the kit's code or this rig's variables)")
     recorded = record.get("parts") or {}
-    reasons.extend(f"its {part} changed" for part in sorted(parts) if recorded.get(part) != parts[part])
+    reasons.extend(
+        f"its {part} changed{_HINTS.get(part, '')}" for part in sorted(parts) if recorded.get(part) != parts[part]
+    )
     return reasons

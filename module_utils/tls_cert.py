@@ -11,6 +11,8 @@ import ipaddress
 import subprocess
 from collections.abc import Iterable, Sequence
 
+from ansible.module_utils.net_address import is_loopback
+
 # Always in a kit-made certificate: the role's own probe and the rig's tools reach the server on loopback.
 LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
 WILDCARD_BINDS = ("0.0.0.0", "::", "[::]", "")  # noqa: S104 - naming the wildcards to leave them out
@@ -53,7 +55,7 @@ def common_name(sans: Sequence[str]) -> str:
     """The subject CN: the first non-loopback name, else localhost (clients check the SANs, not the CN)."""
     for entry in sans:
         value = entry.split(":", 1)[1]
-        if value not in LOOPBACK_NAMES:
+        if not is_loopback(value):
             return value[:64]
     return "localhost"
 

@@ -19,25 +19,40 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
 from ansible.module_utils.gguf_metadata import GgufMetadata, GgufTensorInfo, GgufValueType
+from ansible.module_utils.nvidia_compat import DRIVER_PINS, open_modules_problem
 from ansible.module_utils.server_preflight import estimate_memory, largest_fitting_ctx
 
-from rigkit.rig_facts import MODELS_DIR, DiscoverError, Facts, Gpu
+from rigkit.rig_facts import (
+    COMPUTE_CAPABILITY_RE,
+    GPU_NAME_RE,
+    MODELS_DIR,
+    DiscoverError,
+    Facts,
+    Gpu,
+    checked,
+    shown,
+)
 
-__all__ = ["Profile", "add_inventory_line", "catalog_meta", "plan_profile", "render_host_vars"]
+__all__ = [
+    "HostVarsLoader",
+    "Profile",
+    "Unsafe",
+    "add_inventory_line",
+    "catalog_meta",
+    "plan_profile",
+    "read_host_vars",
+    "render_host_vars",
+    "yaml_lines",
+]
 
 # ---------------------------------------------------------------------------------------------- driver plans
-# What each supported OS carries (roles/nvidia_driver/vars and README; the versions the role's tests pin):
-# (branch, version, where it comes from). Every branch here serves Maxwell (5.0) and newer, and the llama.cpp
-# image's CUDA 12 runtime (which wants >= 535).
-DRIVER_PLANS: dict[tuple[str, str], tuple[str, str, str]] = {
-    ("debian", "12"): ("535", "535.261.03", "Debian 12's non-free archive carries branch 535 only"),
-    ("debian", "13"): ("550", "550.163.01", "Debian 13's non-free archive carries branch 550 only"),
-    ("ubuntu", "22.04"): ("580", "580.95.05", "Canonical's -server packages (restricted), branch 580"),
-    ("ubuntu", "24.04"): ("580", "580.95.05", "Canonical's -server packages (restricted), branch 580"),
-}
+# What each supported OS carries that installs and builds today: module_utils/nvidia_compat.py (the same pins the
+# roles, the validation and the inventory use). Every branch there serves Maxwell (5.0) and newer, and the
+# llama.cpp image's CUDA 12 runtime (which wants >= 535).
+DRIVER_PLANS = DRIVER_PINS
 MIN_COMPUTE_CAPABILITY = (5, 0)  # Maxwell: the oldest these branches and CUDA 12 support
-OPEN_MODULES_MIN = (7, 5)  # open kernel modules: Turing and newer
 
 # ---------------------------------------------------------------------------------------------- rig classes
 # The seed article's rigs (shared/seeds/000): E2B exact Q4_0 + its exact drafter, draft length 2 on the 8 GB
@@ -150,7 +165,7 @@ def _choose_gpu(facts: Facts, vram_override: int | None) -> Gpu:
 def _headroom(defaults_text: str, kind: str) -> int:
     """llama_server_memory_headroom_mib from roles/llama_server/defaults/main.yml ("{{ G if ... else C }}")."""
     match = re.search(
-        r"^llama_server_memory_headroom_mib:\s*\"\{\{\s*(\d+)\s+if .* else (\d+)\s*\}\}\"", defaults_text, re.M
+        r"^llama_server_memory_headroom_mib:\s*\"\{\{\s*([0-9]+)\s+if .* else ([0-9]+)\s*\}\}\"", defaults_text, re.M
     )
     if not match:
         raise DiscoverError(
@@ -236,7 +251,8 @@ def plan_profile(
                 f"{gpu.name} has compute capability {gpu.compute_capability}; the drivers the kit installs and the "
                 "llama.cpp image's CUDA 12 need 5.0 (Maxwell) or newer: use a newer card"
             )
-        branch, version, driver_source = DRIVER_PLANS[(facts.os_id, facts.os_version)]
+        pin = DRIVER_PLANS[(facts.os_id, facts.os_version)]
+        branch, version, driver_source = pin.branch, pin.version, pin.source
         values["rig_gpu"] = {
             "name": gpu.name,
             "vram_mib": gpu.vram_mib,
@@ -271,12 +287,14 @@ def plan_profile(
             f"capability {gpu.compute_capability} and the image's CUDA 12 runtime (>= 535). An upgrade is a change "
             "of these two lines"
         )
-        if _cc(gpu.compute_capability) < OPEN_MODULES_MIN:
-            values["nvidia_driver_kernel_modules"] = "proprietary"
-            comments["nvidia_driver_kernel_modules"] = (
-                f"compute capability {gpu.compute_capability} is older than Turing (7.5): the open kernel modules "
-                "do not support it"
-            )
+        modules = pin.kernel_modules
+        why = f"{driver_source}: proprietary" if modules == "proprietary" else f"{driver_source}: open"
+        if modules == "open":
+            problem = open_modules_problem(branch, gpu.name, gpu.compute_capability)
+            if problem:
+                modules, why = "proprietary", problem.split(": set ", 1)[0]
+        values["nvidia_driver_kernel_modules"] = modules
+        comments["nvidia_driver_kernel_modules"] = f"kernel modules: {why}"
         if facts.secure_boot == "enabled":
             warnings.append(
                 "Secure Boot is enabled: unsigned NVIDIA modules will not load. Enrol DKMS's key (mokutil --import "
@@ -370,60 +388,152 @@ def _wrap(text: str, width: int = 116) -> list[str]:
     return lines
 
 
-def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    return f'"{value}"' if re.fullmatch(r"[\d.]+|on|off|yes|no|true|false", str(value)) else str(value)
+class Unsafe(str):
+    """A value from outside the kit (what the machine reported, what the command line gave): written with
+    Ansible's ``!unsafe`` tag, which Ansible honours in inventory files, so it is never templated."""
+
+
+UNSAFE_TAG = "!unsafe"
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper: Unsafe strings as ``!unsafe "..."``, a string that would read as another type
+    double-quoted (``"8.6"``, ``"off"``), as the hand-written host_vars quote them."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    resolved = dumper.resolve(yaml.ScalarNode, data, (True, False))
+    return dumper.represent_scalar(_STR_TAG, data, style=None if resolved == _STR_TAG else '"')
+
+
+def _represent_unsafe(dumper: yaml.SafeDumper, data: Unsafe) -> yaml.ScalarNode:
+    return dumper.represent_scalar(UNSAFE_TAG, str(data), style='"')
+
+
+_Dumper.add_representer(str, _represent_str)
+_Dumper.add_representer(Unsafe, _represent_unsafe)
+
+
+class HostVarsLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that reads ``!unsafe`` back as Unsafe (the written file's self-check, the tests)."""
+
+
+HostVarsLoader.add_constructor(
+    UNSAFE_TAG,
+    lambda loader, node: Unsafe(loader.construct_scalar(node)),  # type: ignore[arg-type]
+)
+
+
+def read_host_vars(text: str) -> Any:
+    """A host_vars file's data, ``!unsafe`` values as Unsafe strings."""
+    return yaml.load(text, Loader=HostVarsLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def yaml_lines(key: str, value: Any) -> list[str]:
+    """One top-level variable, through the YAML serializer (never string formatting)."""
+    text = yaml.dump(
+        {key: value}, Dumper=_Dumper, default_flow_style=False, sort_keys=False, width=4096, allow_unicode=False
+    )
+    return text.splitlines()
+
+
+def _same(read: Any, meant: Any) -> bool:
+    """Equal, and of the same types all the way down (an Unsafe string must read back as one)."""
+    if type(read) is not type(meant):
+        return False
+    if isinstance(meant, dict):
+        return read.keys() == meant.keys() and all(_same(read[key], meant[key]) for key in meant)
+    return bool(read == meant)
+
+
+# A host name, an IPv4/IPv6 address, a container or login name (rigkit/cli/discover.py checks the command line the
+# same way): nothing a template could hide in. These stay plain strings, since tools that read the inventory as
+# JSON (testinfra's ansible:// backend) take ansible_host and ansible_user as they are.
+CONNECTION_RE = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9_.:%\[\]-]{0,252}")
+
+
+def _connection(what: str, value: str) -> str:
+    if not CONNECTION_RE.fullmatch(value):
+        raise DiscoverError(
+            f"{what} {shown(value)} is not a host name, IP address, container or login name: give one without "
+            "spaces, quotes or braces"
+        )
+    return value
 
 
 def render_host_vars(profile: Profile) -> str:
-    """inventory/host_vars/NAME.yml, commented like the hand-written ones."""
-    f = profile.facts
+    """inventory/host_vars/NAME.yml, commented like the hand-written ones. Every value goes through the YAML
+    serializer (never string formatting); the free text that came from the machine (the GPU's name) is checked
+    against what it can be and tagged ``!unsafe``, so Ansible never templates it; the address, the login and the
+    compute capability are checked against an alphabet no template fits in. The text is read back and must give
+    exactly those values."""
+    written: dict[str, Any] = {}
     out = ["---"]
     out += _wrap(f"Written by make discover host={profile.host} address={profile.address}: {profile.headline}.")
-    if profile.kind == "cpu":
-        container = profile.address.split(":", 1)[1]
-        out += [
-            "# The rig container (a literal: testinfra reads the inventory without templating).",
-            f"ansible_host: {container}",
-        ]
-        if "llama_server_port" in profile.values:
-            out += ["# A port of its own: the sandbox rigs share this machine's network.",
-                    f"llama_server_port: {profile.values['llama_server_port']}"]  # fmt: skip
-    else:
-        out += ["# Connection: the address discover reached.", f"ansible_host: {profile.address}"]
-        out += [f"ansible_user: {profile.user}"] if profile.user else ["# ansible_user: your-login"]
-    out.append("")
+
+    def put(key: str, value: Any) -> None:
+        written[key] = value
+        out.extend(yaml_lines(key, value))
+
     v, c = profile.values, profile.comments
+    if profile.kind == "cpu":
+        out.append("# The rig container (a literal: testinfra reads the inventory without templating).")
+        put("ansible_host", _connection("the container", profile.address.split(":", 1)[1]))
+        if "llama_server_port" in v:
+            out.append("# A port of its own: the sandbox rigs share this machine's network.")
+            put("llama_server_port", int(v["llama_server_port"]))
+    else:
+        out.append("# Connection: the address discover reached.")
+        put("ansible_host", _connection("the address", profile.address))
+        if profile.user:
+            put("ansible_user", _connection("the login", profile.user))
+        else:
+            out.append("# ansible_user: your-login")
+    out.append("")
     if profile.kind == "gpu":
         gpu = v["rig_gpu"]
-        out += [*_wrap(c["rig_gpu"]), "rig_gpu:"]
-        out += [f"  {key}: {_scalar(gpu[key])}" for key in ("name", "vram_mib", "compute_capability", "headless")]
+        out += _wrap(c["rig_gpu"])
+        put(
+            "rig_gpu",
+            {
+                "name": Unsafe(checked("the GPU name", gpu["name"], GPU_NAME_RE, "rig_gpu.name")),
+                "vram_mib": int(gpu["vram_mib"]),
+                "compute_capability": checked(
+                    "the compute capability", gpu["compute_capability"], COMPUTE_CAPABILITY_RE, "rig_gpu"
+                ),
+                "headless": bool(gpu["headless"]),
+            },
+        )
         out.append("")
         out += _wrap(c["nvidia_driver_branch"])
-        out += [f"nvidia_driver_branch: {_scalar(v['nvidia_driver_branch'])}"]
-        out += [f"nvidia_driver_version: {_scalar(v['nvidia_driver_version'])}"]
+        put("nvidia_driver_branch", v["nvidia_driver_branch"])
+        put("nvidia_driver_version", v["nvidia_driver_version"])
         if "nvidia_driver_kernel_modules" in v:
-            out += [
-                *_wrap(c["nvidia_driver_kernel_modules"]),
-                f"nvidia_driver_kernel_modules: {v['nvidia_driver_kernel_modules']}",
-            ]
+            out += _wrap(c["nvidia_driver_kernel_modules"])
+            put("nvidia_driver_kernel_modules", v["nvidia_driver_kernel_modules"])
         out.append("")
     out += _wrap(c["models_target"])
-    out += [f"models_target: {v['models_target']}", f"models_drafter: {v['models_drafter']}"]
-    out += [*_wrap(c["llama_server_ctx_size"]), f"llama_server_ctx_size: {v['llama_server_ctx_size']}"]
-    out += [*_wrap(c["llama_server_spec_type"]), f"llama_server_spec_type: {v['llama_server_spec_type']}"]
-    out += [
-        *_wrap(c["llama_server_spec_draft_n_max"]),
-        f"llama_server_spec_draft_n_max: {v['llama_server_spec_draft_n_max']}",
-    ]
-    out += [*_wrap(c["llama_server_flash_attn"]), f"llama_server_flash_attn: {_scalar(v['llama_server_flash_attn'])}"]
-    out += [*_wrap(c["llama_server_gpu_layers"]), f"llama_server_gpu_layers: {_scalar(v['llama_server_gpu_layers'])}"]
-    out += [f"llama_server_gpu_layers_draft: {_scalar(v['llama_server_gpu_layers_draft'])}"]
-    del f
-    return "\n".join(out) + "\n"
+    put("models_target", v["models_target"])
+    put("models_drafter", v["models_drafter"])
+    for key in (
+        "llama_server_ctx_size",
+        "llama_server_spec_type",
+        "llama_server_spec_draft_n_max",
+        "llama_server_flash_attn",
+        "llama_server_gpu_layers",
+    ):
+        out += _wrap(c[key])
+        put(key, v[key])
+    put("llama_server_gpu_layers_draft", v["llama_server_gpu_layers_draft"])
+    text = "\n".join(out) + "\n"
+    back = read_host_vars(text)
+    if not _same(back, written):
+        raise DiscoverError(
+            f"the host profile for {profile.host} does not read back as written (a bug in rigkit/rig_discovery.py "
+            "render_host_vars): nothing was written; report it with the output of rigkit discover --print-script"
+        )
+    return text
 
 
 def add_inventory_line(hosts_text: str, host: str, group: str) -> str:

@@ -44,6 +44,47 @@ echo '@@end'
 
 NVIDIA_VENDOR = "10de"
 
+# What each machine-reported value can be (ASCII only, bounded): anything else is refused before it reaches the
+# inventory, the terminal or a comment. A GPU name as nvidia-smi and the PCI ID database spell them
+# ("NVIDIA GeForce RTX 3050 OEM", "Tesla V100-SXM2-16GB", "Quadro RTX 5000 with Max-Q Design"); os-release's
+# machine-readable fields as os-release(5) defines them; a kernel release as `uname -r` prints it.
+GPU_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,95}")
+OS_FIELD_RE = re.compile(r"[a-z0-9][a-z0-9._~-]{0,63}")
+KERNEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~-]{0,95}")
+ARCH_RE = re.compile(r"[a-z0-9][a-z0-9_]{0,31}")
+DRIVER_VERSION_RE = re.compile(r"[0-9]{1,4}(\.[0-9]{1,4}){1,3}")
+PATH_RE = re.compile(r"/[A-Za-z0-9._/+-]{0,255}")
+# Descriptions (PRETTY_NAME, the CPU, a display controller): printable ASCII without braces, the template marks.
+TEXT_RE = re.compile(r"[ -z|~]{1,160}")
+UINT_RE = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit() and \d also take '²' or '٣'
+COMPUTE_CAPABILITY_RE = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
+ALLOWED = {
+    GPU_NAME_RE: "ASCII letters, digits, spaces and . _ ( ) / + -, at most 96 characters",
+    OS_FIELD_RE: "lower-case ASCII letters, digits and . _ ~ -, at most 64 characters (os-release(5))",
+    KERNEL_RE: "ASCII letters, digits and . _ + ~ -, at most 96 characters",
+    ARCH_RE: "lower-case ASCII letters, digits and _",
+    DRIVER_VERSION_RE: "dotted ASCII digits such as 535.261.03",
+    PATH_RE: "an absolute path of ASCII letters, digits and . _ / + -",
+    TEXT_RE: "printable ASCII without { or }, at most 160 characters",
+}
+
+
+def shown(text: str, limit: int = 200) -> str:
+    """Machine text safe for a terminal and a message: ASCII, control characters and escapes made visible."""
+    return ascii(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def checked(what: str, value: str, pattern: re.Pattern[str], source: str) -> str:
+    """``value`` when ``pattern`` matches all of it; a DiscoverError naming the value and what to do otherwise."""
+    if pattern.fullmatch(value):
+        return value
+    raise DiscoverError(
+        f"the machine reports {what} {shown(value)} ({source}), which is not what such a value can be (allowed: "
+        f"{ALLOWED.get(pattern, pattern.pattern)}). Nothing was written. Check what prints it on that machine (a "
+        "wrapper earlier in PATH, an edited file, a compromised system); if the value is genuine, write "
+        "inventory/host_vars/NAME.yml by hand from inventory/examples/"
+    )
+
 
 # ---------------------------------------------------------------------------------------------- PCI table
 @dataclass(frozen=True)
@@ -164,7 +205,7 @@ def parse_cpuinfo(text: str) -> str:
 
 def parse_meminfo(text: str) -> int:
     """MemTotal in MiB (what Ansible's memtotal_mb reports)."""
-    match = re.search(r"^MemTotal:\s+(\d+)\s+kB", text, re.MULTILINE)
+    match = re.search(r"^MemTotal:[ \t]+([0-9]{1,15})[ \t]+kB", text, re.MULTILINE)
     return int(match.group(1)) // 1024 if match else 0
 
 
@@ -174,7 +215,7 @@ def parse_df(text: str) -> tuple[str, int]:
     if len(lines) < 3:
         return (lines[0] if lines else ""), 0
     fields = lines[-1].split()
-    return lines[0], int(fields[3]) // 1024 if len(fields) >= 4 and fields[3].isdigit() else 0
+    return lines[0], int(fields[3]) // 1024 if len(fields) >= 4 and UINT_RE.fullmatch(fields[3]) else 0
 
 
 def _display(value: str) -> bool | None:
@@ -194,20 +235,23 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
         if not line.strip():
             continue
         fields = [part.strip() for part in line.split(",")]
-        if len(fields) != 5 or not fields[1].isdigit() or not re.fullmatch(r"\d+\.\d+", fields[2]):
+        if len(fields) != 5 or not UINT_RE.fullmatch(fields[1]) or not COMPUTE_CAPABILITY_RE.fullmatch(fields[2]):
             raise DiscoverError(
-                f"nvidia-smi answered {line.strip()!r} instead of GPU rows: the driver is installed but not "
+                f"nvidia-smi answered {shown(line.strip())} instead of GPU rows: the driver is installed but not "
                 "working (a kernel/driver mismatch after an upgrade, or Secure Boot refusing the module). Reboot "
                 "the machine or fix the driver, then run make discover again"
             )
+        driver = fields[3] if fields[3] not in ("", "[N/A]", "N/A") else None
         gpus.append(
             Gpu(
-                name=fields[0],
+                name=checked("the GPU name", fields[0], GPU_NAME_RE, "nvidia-smi --query-gpu=name"),
                 vram_mib=int(fields[1]),
                 compute_capability=fields[2],
                 source="nvidia-smi",
                 display_attached=_display(fields[4]),
-                driver_version=fields[3] or None,
+                driver_version=None
+                if driver is None
+                else checked("the driver version", driver, DRIVER_VERSION_RE, "nvidia-smi --query-gpu=driver_version"),
             )
         )
     return gpus
@@ -238,11 +282,12 @@ def parse_lspci(text: str) -> tuple[list[Gpu], list[str], list[str]]:
         vendor, device = match["vendor"].lower(), match["device"].lower()
         if vendor != NVIDIA_VENDOR:
             if match["code"] == "0300":
-                others.append(f"{match['desc']} [{vendor}:{device}]")
+                desc = checked("a display controller", match["desc"], TEXT_RE, "lspci -nn")
+                others.append(f"{desc} [{vendor}:{device}]")
             continue
         entry = PCI_GPUS.get(device)
         if entry is None:
-            unknown.append(line.strip())
+            unknown.append(shown(line.strip()))  # only ever shown in a message, escapes made visible
             continue
         gpu = Gpu(
             name=entry.name,
@@ -272,18 +317,25 @@ def parse_gather(text: str) -> Facts:
     osr = parse_os_release(part.get("os-release", ""))
     kernel = part.get("kernel", "").split()
     disk_path, disk_free = parse_df(part.get("df", ""))
+    nproc = part.get("nproc", "").strip()
+
+    def optional(what: str, value: str, pattern: re.Pattern[str], source: str) -> str:
+        return checked(what, value, pattern, source) if value else value
+
     facts = Facts(
-        os_id=osr.get("ID", "").lower(),
-        os_version=osr.get("VERSION_ID", ""),
-        os_pretty=osr.get("PRETTY_NAME", "unknown"),
-        os_codename=osr.get("VERSION_CODENAME", ""),
-        kernel=kernel[0] if kernel else "",
-        arch=kernel[1] if len(kernel) > 1 else "",
+        os_id=optional("os-release ID", osr.get("ID", "").lower(), OS_FIELD_RE, "/etc/os-release"),
+        os_version=optional("os-release VERSION_ID", osr.get("VERSION_ID", ""), OS_FIELD_RE, "/etc/os-release"),
+        os_pretty=checked("os-release PRETTY_NAME", osr.get("PRETTY_NAME", "unknown"), TEXT_RE, "/etc/os-release"),
+        os_codename=optional(
+            "os-release VERSION_CODENAME", osr.get("VERSION_CODENAME", ""), OS_FIELD_RE, "/etc/os-release"
+        ),
+        kernel=optional("the kernel release", kernel[0] if kernel else "", KERNEL_RE, "uname -r"),
+        arch=optional("the architecture", kernel[1] if len(kernel) > 1 else "", ARCH_RE, "uname -m"),
         secure_boot=parse_secure_boot(part.get("secure-boot", "")),
-        cpu_model=parse_cpuinfo(part.get("cpuinfo", "")),
-        cpu_cores=int(part.get("nproc", "0").strip() or 0) if part.get("nproc", "").strip().isdigit() else 0,
+        cpu_model=checked("the CPU model", parse_cpuinfo(part.get("cpuinfo", "")), TEXT_RE, "/proc/cpuinfo"),
+        cpu_cores=int(nproc) if UINT_RE.fullmatch(nproc) else 0,
         mem_mib=parse_meminfo(part.get("meminfo", "")),
-        disk_path=disk_path,
+        disk_path=optional("the models' directory", disk_path, PATH_RE, "df -Pk"),
         disk_free_mib=disk_free,
     )
     smi = part.get("nvidia-smi")
@@ -293,7 +345,9 @@ def parse_gather(text: str) -> Facts:
     elif "@@failed" in raw:
         facts.nvidia_smi = "failed"
         said = " / ".join(line.strip() for line in (smi or "").splitlines() if line.strip() and "@@" not in line)
-        facts.notes.append(f"nvidia-smi is installed but failed ({said[:300]}): the GPU is read from lspci instead")
+        facts.notes.append(
+            f"nvidia-smi is installed but failed ({shown(said, 300)}): the GPU is read from lspci instead"
+        )
     elif smi is not None:
         facts.gpus = parse_nvidia_smi(smi)
         facts.nvidia_smi = "ok"

@@ -15,7 +15,7 @@ rigkit/controller_preflight.py's.
 from __future__ import annotations
 
 import difflib
-import ipaddress
+import functools
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -23,9 +23,13 @@ from typing import Any
 
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.llama_server_args import extra_args_problems, managed_flags, rendered_flags
 from ansible.module_utils.model_catalog import CATALOG_PATH, CatalogError, deployable_entry, host_pin_refusal
+from ansible.module_utils.net_address import is_loopback
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks
+from ansible.module_utils.nvidia_compat import open_modules_problem, pci_device_id
 
+import rigkit
 from rigkit.inventory_files import Sources, show
 from rigkit.rig_variables import (
     COMMIT_RE,
@@ -36,7 +40,6 @@ from rigkit.rig_variables import (
     GPU_LAYER_VARIABLES,
     KIT_VARIABLES,
     LOG_SIZE_RE,
-    LOOPBACK_NAMES,
     MIN_CONTAINER_MEMORY_MIB,
     PREFIXES,
     RANGES,
@@ -190,7 +193,7 @@ def _check_container_limits(report: Report, values: Mapping[str, Any]) -> None:
             report.add("llama_server_allowed_networks", networks, f"{detail} (each entry a network in CIDR form)")
         else:
             host = values.get("llama_server_host")
-            if isinstance(host, str) and _is_loopback(host):
+            if isinstance(host, str) and is_loopback(host):
                 report.add(
                     "llama_server_allowed_networks",
                     networks,
@@ -221,6 +224,13 @@ def _check_rig_gpu(report: Report, rig_gpu: Any) -> None:
             'expected MAJOR.MINOR such as "8.6" (quoted: a YAML number loses the digits)',
             field="compute_capability",
         )
+    if "pci_device_id" in rig_gpu and pci_device_id(rig_gpu["pci_device_id"]) is None:
+        report.add(
+            "rig_gpu",
+            rig_gpu["pci_device_id"],
+            'expected the PCI device id as lspci -nn or nvidia-smi print it, such as "0x1f95"',
+            field="pci_device_id",
+        )
     if "headless" in rig_gpu and not isinstance(rig_gpu["headless"], bool):
         report.add("rig_gpu", rig_gpu["headless"], "expected true or false", field="headless")
     for key in sorted(set(rig_gpu) - set(RIG_GPU_FIELDS)):
@@ -230,15 +240,6 @@ def _check_rig_gpu(report: Report, rig_gpu: Any) -> None:
             f"unknown field{suggestion(key, RIG_GPU_FIELDS, 0.6)} (known: {', '.join(RIG_GPU_FIELDS)})",
             field=key,
         )
-
-
-def _is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _catalog_name(report: Report, catalog: Mapping[str, Any], variable: str, name: Any, role: str | None) -> Any:
@@ -270,6 +271,29 @@ def _check_pins(report: Report, rig: str, values: Mapping[str, Any], catalog: Ma
                 report.add("models_keep", keep, f"names {name}, which cannot be resolved: {exc}")
 
 
+@functools.cache
+def _managed_server_flags() -> frozenset[str]:
+    """What the llama_server role sets itself: read from its argv and environment file, never listed by hand."""
+    role = rigkit.REPO / "roles/llama_server"
+    flags = rendered_flags((role / "vars/main.yml").read_text(), (role / "templates/llama-server.env.j2").read_text())
+    return frozenset(managed_flags(flags))
+
+
+def _check_extra_args(report: Report, values: Mapping[str, Any]) -> None:
+    extra = values.get("llama_server_extra_args")
+    if not isinstance(extra, list):
+        return
+    for flag in extra_args_problems(extra, set(_managed_server_flags())):
+        report.add(
+            "llama_server_extra_args",
+            extra,
+            f"sets {flag}, which the kit manages (llama-server takes the last one: it would override the kit's own, "
+            "or put a secret into the unit's argv); set the kit's variable for it instead (llama_server_host, "
+            "llama_server_port, llama_server_api_key, llama_server_tls, models_*, llama_server_spec_*, "
+            "llama_server_ctx_size, …; roles/llama_server/README.md)",
+        )
+
+
 def _check_models(report: Report, rig: str, values: Mapping[str, Any], catalog: Any) -> None:
     if not isinstance(catalog, Mapping) or not catalog:
         return  # the catalog's own check (catalog_problems) reports it
@@ -282,7 +306,10 @@ def _check_models(report: Report, rig: str, values: Mapping[str, Any], catalog: 
     drafter = values.get("models_drafter")
     if drafter in (None, ""):
         return
-    entry = _catalog_name(report, catalog, "models_drafter", drafter, None)
+    # A classic draft model (draft-simple) may be any model with the target's vocabulary, itself included; MTP
+    # drafting needs an assistant, a catalog drafter.
+    simple = values.get("llama_server_spec_type") == "draft-simple"
+    entry = _catalog_name(report, catalog, "models_drafter", drafter, None if simple else "drafter")
     pairs_with = entry.get("pairs_with") if isinstance(entry, Mapping) else None
     if pairs_with and target in catalog and pairs_with != target:
         report.add(
@@ -335,8 +362,17 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
             version,
             f"expected a version of nvidia_driver_branch {branch} ({branch}.x.y); change one of the two",
         )
+    rig_gpu = values.get("rig_gpu")
+    if (
+        values.get("rig_kind") == "gpu"
+        and values.get("nvidia_driver_kernel_modules") == "open"
+        and isinstance(rig_gpu, Mapping)
+    ):
+        problem = open_modules_problem(branch, rig_gpu.get("name"), rig_gpu.get("compute_capability"))
+        if problem:
+            report.add("nvidia_driver_kernel_modules", "open", problem)
     host = values.get("llama_server_host")
-    if isinstance(host, str) and not _is_loopback(host) and not values.get("llama_server_api_key"):
+    if isinstance(host, str) and not is_loopback(host) and not values.get("llama_server_api_key"):
         report.add(
             "llama_server_host",
             host,
@@ -344,6 +380,7 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
             "llama_server_api_key), or bind 127.0.0.1",
         )
     _check_tls(report, values)
+    _check_extra_args(report, values)
     _check_image_inputs(report, values)
     _check_models(report, rig, values, catalog)
     _check_trained_context(report, values, catalog)
@@ -359,7 +396,7 @@ def _check_tls(report: Report, values: Mapping[str, Any]) -> None:
     host, tls = values.get("llama_server_host"), values.get("llama_server_tls")
     if (
         isinstance(host, str)
-        and not _is_loopback(host)
+        and not is_loopback(host)
         and _tls_off(tls)
         and values.get("llama_server_allow_plaintext_lan") is not True
     ):

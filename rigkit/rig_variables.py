@@ -52,7 +52,7 @@ ENTRY_POINTS: dict[str, tuple[tuple[str, str], ...]] = {
 # Same shape as an argument spec's options (README, "Inventory keys").
 KIT_VARIABLES: dict[str, dict[str, Any]] = {
     "rig_kind": {"type": "str", "choices": ["gpu", "sandbox"], "description": "What the rig is."},
-    "rig_gpu": {"type": "dict", "description": "The GPU: name, vram_mib, compute_capability, headless."},
+    "rig_gpu": {"type": "dict", "description": "The GPU: name, vram_mib, compute_capability, headless, pci_device_id."},
     "rig_wants_cuda": {"type": "bool", "description": "Install the host CUDA toolkit (role cuda)."},
     "rig_controller_cache_dir": {"type": "path", "description": "Controller cache (downloads, builds)."},
     "rig_expected_min_acceptance": {"type": "float", "description": "Canary acceptance the rig tests expect."},
@@ -108,14 +108,13 @@ RUNTIME_VARIABLES = frozenset(
 RUNTIME_PREFIXES = ("models_fleet_", "models_molecule_")
 
 # rig_gpu's fields (a GPU rig's inventory).
-RIG_GPU_FIELDS = ("name", "vram_mib", "compute_capability", "headless")
+RIG_GPU_FIELDS = ("name", "vram_mib", "compute_capability", "headless", "pci_device_id")
 COMPUTE_CAPABILITY_RE = re.compile(r"^[0-9]+\.[0-9]$")
 # The llama.cpp image's inputs (roles/llamacpp_image/tasks/tag.yml asserts the same on the effective values).
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 CUDA_ARCHITECTURES_RE = re.compile(r"^[0-9]+(-real|-virtual)?(;[0-9]+(-real|-virtual)?)*$")
 DRIVER_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
-LOOPBACK_NAMES = ("localhost",)
 
 # Integer ranges the specs' types cannot say: (lowest, highest or None, what is accepted).
 PORT = (1, 65535, "a port 1-65535")

@@ -270,6 +270,36 @@ def json_callback_env() -> dict[str, str]:
     }
 
 
+def plain(value: object) -> object:
+    """Inventory JSON (`ansible-inventory --list`, testinfra's ansible:// backend) as plain data: a value the
+    inventory tags ``!unsafe`` comes out of it as ``{"__ansible_unsafe": VALUE}``."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
+
+
+def templated_var(inventory: Path, host: str, variable: str, timeout: int = 180) -> tuple[object, str]:
+    """``variable`` of ``host`` as Ansible templates it from that inventory (`ansible HOST -m debug -a
+    var=VARIABLE`, run on the controller: what `make check` would make of it); (its value, all it printed)."""
+    import json
+    import sys
+
+    import pytest
+
+    cmd = [str(Path(sys.executable).parent / "ansible"), host, "-i", str(inventory), "-c", "local"]
+    cmd += ["-m", "ansible.builtin.debug", "-a", f"var={variable}"]
+    done = subprocess.run(cmd, cwd=REPO, env=json_callback_env(), capture_output=True, text=True, timeout=timeout)
+    printed = done.stdout + done.stderr
+    try:
+        return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"][host][variable], printed
+    except (ValueError, KeyError, IndexError):
+        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{printed}")
+
+
 def run_module(
     module: str, args: dict, *extra: str, system_python: bool = False, timeout: int = 180
 ) -> tuple[dict, str]:

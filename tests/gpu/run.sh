@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One run on a borrowed GPU machine (see tests/gpu/README.md): GPU facts, the nvidia_driver role's checks
 # (Ansible + testinfra), a verified llama.cpp CUDA build at the pinned commit, and a smoke test of llama-server
-# with the tiny Gemma 4 pair and its MTP drafter. Needs .device/ (make gpu-bundle). Writes $OUT/gpu-report.json
-# and $OUT/{run,ansible,testinfra,build,server}.log. Every step is timed and recorded pass/fail/skip; a step
-# whose prerequisites did not pass is skipped, the others still run. Exit status 0 when no step failed.
+# with the tiny Gemma 4 pair and its MTP drafter, then the rollout's GPU offload check on that server as is (must
+# pass) and with CUDA_VISIBLE_DEVICES= (must be refused). Needs .device/ (make gpu-bundle). Writes
+# $OUT/gpu-report.json and $OUT/{run,ansible,testinfra,build,server,server-offload-gpu,server-offload-cpu}.log.
+# Every step is timed and recorded pass/fail/skip; a step whose prerequisites did not pass is skipped, the others
+# still run. Exit status 0 when no step failed.
 #
 #   OUT=/tmp/gpu-out bash tests/gpu/run.sh                                 # on the GPU machine
 #   OUT=/tmp/gpu-out LLAMA_SERVER_BIN=/tmp/llama-server bash tests/gpu/run.sh  # no build (e.g. a CPU binary)
@@ -35,7 +37,7 @@ export PYTHONUNBUFFERED=1 LC_ALL=C.UTF-8 LANG=C.UTF-8
 
 mkdir -p "$OUT" "$WORK"
 rm -rf "$WORK/steps" "$WORK/ansible" "$WORK/llama-server" "$WORK/server-bin" "$WORK/runtime.env" "$WORK/gpu.env"
-rm -f "$OUT"/{run,ansible,testinfra,build,server}.log "$OUT/gpu-report.json"
+rm -f "$OUT"/{run,ansible,testinfra,build,server,server-offload-gpu,server-offload-cpu}.log "$OUT/gpu-report.json"
 mkdir -p "$WORK/steps"
 exec > >(tee -a "$OUT/run.log") 2>&1
 TEE_PID=$!
@@ -400,6 +402,37 @@ s_smoke() {
   return "$rc"
 }
 
+# The rollout's offload check (module_utils/gpu_offload.py) on the same binary, twice: as is, on the GPU (must pass),
+# and with CUDA_VISIBLE_DEVICES= (the server serves on the CPU: must be refused, naming the cause). Without a GPU the
+# binary is a CPU build, which must be refused too. Each server's whole log: $OUT/server-offload-{gpu,cpu}.log.
+offload_check() { # MODE: gpu | cpu
+  local mode=$1 rc=0
+  # shellcheck disable=SC1091
+  [ ! -f "$WORK/runtime.env" ] || source "$WORK/runtime.env"
+  local args=(--binary "$(cat "$WORK/server-bin")" --models "$DEVICE_DIR/models" --log "$OUT/server-offload-$mode.log"
+    --out "$STEP_DIR/data.json")
+  if [ "$GPU" = 1 ]; then
+    # shellcheck disable=SC1091
+    source "$WORK/gpu.env"
+    args+=(--budget-mib "$GPU_MEM")
+  fi
+  if [ "$mode" = gpu ]; then
+    args+=(--expect on-gpu)
+  else
+    args+=(--expect refused --hide-gpu)
+  fi
+  rm -f "$OUT/server-offload-$mode.log"
+  "$PYTHON" "$REPO/tests/gpu/offload.py" "${args[@]}" >"$STEP_DIR/out.txt" 2>&1 || rc=$?
+  sed 's/^/    /' "$STEP_DIR/out.txt"
+  detail "$(tail -1 "$STEP_DIR/out.txt")"
+  return "$rc"
+}
+s_offload_gpu() {
+  [ "$GPU" = 1 ] || skip "no GPU: nothing to offload to"
+  offload_check gpu
+}
+s_offload_cpu() { offload_check cpu; }
+
 # ------------------------------------------------------------------------------------------------ report
 # $OUT/gpu-report.json is rewritten after every step, so a run stopped from outside still leaves one.
 write_report() { # [1: the final one: prints the summary, exits 1 when a step failed]
@@ -437,6 +470,8 @@ report = {
                                                              "cuda_architectures", "objects")},
         "smoke_checks": {c["name"]: c["status"] for c in smoke.get("checks", [])},
         "estimate_vs_log": smoke.get("estimate_vs_log"),
+        "offload": {name: {k: (data.get(name) or {}).get("verdict", {}).get(k) for k in ("on_gpu", "cause", "message")}
+                    for name in ("offload-gpu", "offload-cpu") if name in data},
     },
     "steps": steps,
     "data": data,
@@ -476,4 +511,6 @@ step testinfra "gpu-facts wheels" s_testinfra
 [ -z "${BG_PIDS[build]:-}" ] || { echo "=== waiting for the build"; join_step build; }
 step binary "" s_binary
 step smoke "binary" s_smoke
+step offload-gpu "binary" s_offload_gpu
+step offload-cpu "binary" s_offload_cpu
 write_report 1

@@ -127,12 +127,35 @@ def test_unknown_flag_rolls_back_with_the_servers_own_words(previous):
 
 
 def test_health_check_that_never_passes_rolls_back(previous):
-    extra = '\'{"llama_server_extra_args": ["--port", "18099"], "llama_server_health_timeout": 15}\''
+    """A server that runs but never answers /health (every route moved under --api-prefix): rolled back."""
+    extra = '\'{"llama_server_extra_args": ["--api-prefix", "/elsewhere"], "llama_server_health_timeout": 15}\''
     code, output = provision(MTP_RIG, "-e", extra, log="fault-health")
     assert code != 0
     assert "did not answer 200 within 15 s" in output and "last working unit was restored" in output
     still_serving(previous)
-    assert in_rig(MTP_CONTAINER, "curl", "-s", "http://127.0.0.1:18099/health").returncode != 0
+    assert in_rig(MTP_CONTAINER, "curl", "-sf", f"{MTP_URL}/elsewhere/health").returncode != 0
+
+
+def test_gpu_rig_whose_server_runs_on_the_cpu_is_refused_and_rolled_back(previous):
+    """sandbox-mtp declared a GPU rig (llama_server_require_gpu, every layer asked of the GPU): its CPU build starts,
+    answers /health and drafts, exactly what a CUDA build does when CUDA fails; the offload check refuses it naming the
+    cause, and the last good unit serves again."""
+    declared = {
+        "llama_server_require_gpu": True,
+        "llama_server_gpu_layers": "all",
+        "llama_server_gpu_layers_draft": "all",
+    }
+    done = provision_run(MTP_RIG, "-e", f"'{json.dumps(declared)}'", log="fault-cpu-fallback")
+    assert done.returncode != 0, done.tail(80)
+    # the new server passed what used to be the whole gate, and ran with the load lines on (--verbosity 4)
+    assert done.statuses(MTP_RIG, "Wait for health and a canary that drafts") == ["ok"]
+    (refused,) = done.tasks(MTP_RIG, "Prove that both models run on the GPU")
+    assert refused["status"] == "failed"
+    assert "no CUDA device in the container" in refused["msg"], refused["msg"]
+    assert "warning: no usable GPU found, --gpu-layers option will be ignored" in refused["msg"]
+    assert "drafting on the GPU, so the last working unit was restored (serving again)" in done.output
+    assert done.statuses(MTP_RIG, "Keep this unit as the last one that worked") == []
+    still_serving(previous)
 
 
 def test_killed_server_is_restarted_by_systemd(previous):

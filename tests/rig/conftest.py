@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible.module_utils.net_address import is_loopback
 
-from tests.support import REPO
+from tests.support import REPO, plain
 
 DEFAULTS = yaml.safe_load((REPO / "roles/llama_server/defaults/main.yml").read_text())
 IMAGE_DEFAULTS = yaml.safe_load((REPO / "roles/llamacpp_image/defaults/main.yml").read_text())
@@ -38,7 +39,7 @@ class Rig:
 
     def __init__(self, host: Any) -> None:
         self.host = host
-        hostvars = host.ansible.get_variables()
+        hostvars = plain(host.ansible.get_variables())  # values tagged !unsafe (make discover, make tune) unwrapped
         self.settings = {
             key: hostvars.get(key, value) for key, value in DEFAULTS.items() if key.startswith("llama_server_")
         }
@@ -48,13 +49,14 @@ class Rig:
         self.container = f"rigkit-llama-{instance}"
         bind = self.settings["llama_server_host"]
         self.address = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
-        loopback = bind in ("127.0.0.1", "::1", "localhost")
+        loopback = is_loopback(bind)
         tls = str(self.settings.get("llama_server_tls", "auto")).lower()
         self.tls = tls in ("true", "yes", "on") or (tls == "auto" and not loopback)
         # With TLS the client on the rig verifies the server against the rig's own certificate.
         self.ca_file = f"/etc/rigkit/tls/{instance}/server.crt" if self.tls else ""
         scheme = "https" if self.tls else "http"
-        self.url = f"{scheme}://{self.address}:{self.settings['llama_server_port']}"
+        host_part = f"[{self.address}]" if ":" in self.address and not self.address.startswith("[") else self.address
+        self.url = f"{scheme}://{host_part}:{self.settings['llama_server_port']}"
 
     def call(self, path: str, body: dict | None = None, raw: bool = False) -> Any:
         key = self.settings.get("llama_server_api_key") or ""
@@ -70,6 +72,26 @@ class Rig:
 
     def journal(self) -> str:
         return self.host.check_output(f"journalctl --unit {self.unit} --output cat --no-pager")
+
+    def current_run_log(self) -> str:
+        """The journal lines of the unit's current run only (its invocation ID): the server's load log."""
+        invocation = self.host.check_output(f"systemctl show --property=InvocationID --value {self.unit}").strip()
+        assert invocation, f"{self.unit} has no current run"
+        return self.host.check_output(
+            f"journalctl --unit {self.unit} --output cat --no-pager _SYSTEMD_INVOCATION_ID={invocation}"
+        )
+
+    def container_pid(self) -> int:
+        """The host PID of the server's container's main process (llama-server, the image's entrypoint)."""
+        return int(self.host.check_output(f"docker inspect --format '{{{{.State.Pid}}}}' {self.container}").strip())
+
+    @property
+    def require_gpu(self) -> bool:
+        """llama_server_require_gpu as the role reads it: set, or true whenever the container gets a GPU."""
+        value = self.settings.get("llama_server_require_gpu")
+        if isinstance(value, str) and "{{" in value:  # the role's default, not templated here
+            return self.settings["llama_server_gpu_access"] != "none"
+        return str(value).strip().lower() in ("true", "yes", "on", "1")
 
     def server_args(self) -> list[str]:
         """argv of the llama-server process (visible from the rig: the container is its child)."""

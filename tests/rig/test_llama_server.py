@@ -6,6 +6,8 @@ import json
 import re
 import time
 
+from ansible.module_utils.gpu_offload import NO_DEVICE, check
+
 from tests.rig.conftest import CATALOG, IMAGE_DEFAULTS
 from tests.support import not_applicable
 
@@ -96,6 +98,29 @@ def test_metrics_count_drafted_tokens(rig):
     first = drafted()
     rig.complete("List three prime numbers:")
     assert drafted() > first
+
+
+def test_server_runs_where_the_inventory_says(rig):
+    """A rig meant to serve from its GPU (llama_server_require_gpu) shows both models there in the load log of the
+    server's current run and its process in nvidia-smi: the rollout's own check (module_utils/gpu_offload.py). A CPU
+    rig's server is on the CPU, and the same check says so (its real log is what a CPU fallback prints)."""
+    drafter = rig.settings["llama_server_spec_type"] != "none"
+    log = rig.current_run_log()
+    if not rig.require_gpu:
+        verdict = check(log, drafter=drafter, gpu_layers="all", gpu_layers_draft="all")
+        assert not verdict.on_gpu and verdict.cause == NO_DEVICE, verdict.message
+        return
+    apps = rig.host.run("nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits")
+    assert apps.rc == 0, f"nvidia-smi failed on a GPU rig: {apps.stderr}"
+    verdict = check(
+        log,
+        drafter=drafter,
+        gpu_layers=rig.settings["llama_server_gpu_layers"],
+        gpu_layers_draft=rig.settings["llama_server_gpu_layers_draft"],
+        compute_apps=apps.stdout,
+        pid=rig.container_pid(),
+    )
+    assert verdict.on_gpu, verdict.message
 
 
 def test_container_runs_least_privileged(rig):

@@ -8,10 +8,13 @@ without /dev/nvidiactl fails.
 
 from __future__ import annotations
 
+import re
+import shlex
+
 import pytest
 import yaml
 
-from tests.support import REPO, not_applicable
+from tests.support import REPO, exec_start_argv, not_applicable, plain
 
 DRIVER_DEFAULTS = yaml.safe_load((REPO / "roles/nvidia_driver/defaults/main.yml").read_text())
 QUERY = "nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --format=csv,noheader,nounits"
@@ -19,7 +22,7 @@ QUERY = "nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --f
 
 @pytest.fixture(scope="module")
 def gpu_rig(host):
-    hostvars = host.ansible.get_variables()
+    hostvars = plain(host.ansible.get_variables())  # make discover writes the GPU's name !unsafe
     name = hostvars.get("inventory_hostname", host.backend.get_hostname())
     if host.file("/dev/nvidiactl").exists:
         return host, hostvars
@@ -88,11 +91,33 @@ def test_driver_packages_held(gpu_rig):
 
 
 def test_container_sees_the_gpu_through_cdi(gpu_rig):
+    """The production container sees CUDA0: the image the server's unit runs, with the unit's own container flags
+    (read back from the installed unit), lists it (`llama-server --list-devices`)."""
     host, hostvars = gpu_rig
     defaults = yaml.safe_load((REPO / "roles/nvidia_container_toolkit/defaults/main.yml").read_text())
     spec = hostvars.get("nvidia_container_toolkit_cdi_spec", defaults["nvidia_container_toolkit_cdi_spec"])
     # The nvidia_container_toolkit role generates the spec on every GPU rig (tasks/cdi.yml).
     assert host.file(spec).exists, f"no CDI spec ({spec}): the nvidia_container_toolkit role did not run here"
-    image = hostvars.get("nvidia_container_toolkit_test_image", defaults["nvidia_container_toolkit_test_image"])
-    out = host.check_output(f"docker run --rm --device nvidia.com/gpu=all {image} nvidia-smi -L")
-    assert out.startswith("GPU 0:")
+    assert host.service("rigkit-nvidia-devices.service").is_enabled
+    for node in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0"):
+        assert host.file(node).exists, f"{node} is missing: rigkit-nvidia-devices.service creates it"
+    instance = hostvars.get("llama_server_instance", "main")
+    unit = host.file(f"/etc/systemd/system/rigkit-llama-{instance}.service").content_string
+    assert "Requires=rigkit-nvidia-devices.service" in unit
+    argv = exec_start_argv(unit)
+    image = host.check_output(f"docker inspect --format '{{{{.Config.Image}}}}' rigkit-llama-{instance}").strip()
+    options = argv[2 : argv.index(image)]  # after `docker run`, up to the image: the container's flags
+    dropped = {"--rm", "--name", "--env-file", "--label", "--volume"}
+    kept: list[str] = []
+    skip = False
+    for option in options:
+        if skip:
+            skip = False
+        elif option in dropped:
+            skip = option != "--rm"
+        else:
+            kept.append(option)
+    assert "--read-only" in kept and "--cap-drop" in kept and "--device" in kept, kept
+    command = " ".join(shlex.quote(arg) for arg in ["docker", "run", "--rm", *kept, image, "--list-devices"])
+    out = host.check_output(command)
+    assert re.search(r"^\s+CUDA0: ", out, re.MULTILINE), out

@@ -17,6 +17,7 @@ import pytest
 
 from rigkit.bench_report import ReportError, build_report, decide, schedule, scores
 from rigkit.bench_tune import current_setting, latest_report, tune
+from tests.support import templated_var
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "roles/llama_bench/files/bench-report.schema.json").read_text())
@@ -271,6 +272,60 @@ def test_tune_inside_the_noise_leaves_the_file_byte_identical(tmp_path):
     report = write_report(tmp_path, raw_run({0: [100, 130], 4: [110, 100]}, current=4))
     decision, changed = tune(report, host_vars)
     assert not changed and decision.chosen == 4
+    assert host_vars.read_text() == HOST_VARS
+
+
+def test_a_report_cannot_put_a_template_into_the_host_vars(tmp_path):
+    """A report is what a rig measured (issue 35, finding 1): a spec_type carrying a template, copied into
+    host_vars, would run on the controller at the next `make check`. Refused; the file stays as it was."""
+    inventory = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory", inventory)
+    host_vars = inventory / "host_vars/sandbox.yml"
+    before = host_vars.read_text()
+    marker = tmp_path / "PWNED"
+    raw = raw_run({0: [100, 101], 2: [150, 151], 4: [120, 121]}, current=4)
+    raw["settings"]["spec_type"] = "draft-simple {{ lookup(*'pipe|touch " + str(marker) + "'.split('|')) }}"
+    report = write_report(tmp_path, raw)
+    refused = None
+    try:
+        tune(report, host_vars)
+    except ReportError as exc:
+        refused = str(exc)
+    value, printed = templated_var(inventory / "hosts.yml", "sandbox", "llama_server_spec_type")  # make check's view
+    assert not marker.exists(), printed
+    assert refused is not None and 'settings.spec_type is "draft-simple {{ lookup(' in refused, refused
+    assert "not one of draft-simple, draft-mtp" in refused and "bench the rig again" in refused
+    assert host_vars.read_text() == before and value == "draft-simple"
+
+
+def test_tune_writes_the_kits_own_spelling_tagged_unsafe(tmp_path):
+    inventory = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory", inventory)
+    host_vars = inventory / "host_vars/sandbox.yml"
+    report = write_report(tmp_path, raw_run({0: [100, 101], 2: [150, 151], 4: [120, 121]}, current=4))
+    _, changed = tune(report, host_vars)
+    assert changed and 'llama_server_spec_type: !unsafe "draft-simple"' in host_vars.read_text().splitlines()
+    assert templated_var(inventory / "hosts.yml", "sandbox", "llama_server_spec_type")[0] == "draft-simple"
+    assert templated_var(inventory / "hosts.yml", "sandbox", "llama_server_spec_draft_n_max")[0] == 2
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [("settings", 3), ("settings", "draft-mtp\nllama_server_api_key: x"), ("server", "2"), ("server", 99)],
+)
+def test_tune_refuses_report_values_the_kit_cannot_write(tmp_path, where, value):
+    host_vars = tmp_path / "sandbox.yml"
+    host_vars.write_text(HOST_VARS)
+    raw = raw_run({0: [100, 101], 2: [150, 151], 4: [120, 121]}, current=4)
+    if where == "settings":
+        raw["settings"]["spec_type"] = value
+    report = write_report(tmp_path, raw)
+    if where == "server":
+        data = json.loads(report.read_text())
+        data["rig"]["server"]["draft_n_max"] = value
+        report.write_text(json.dumps(data))
+    with pytest.raises(ReportError, match="bench the rig again"):
+        tune(report, host_vars)
     assert host_vars.read_text() == HOST_VARS
 
 

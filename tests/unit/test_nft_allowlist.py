@@ -150,7 +150,7 @@ def test_a_bad_entry_is_refused_by_the_role_before_rendering(rendered: tuple[Pat
 
 # Runs as root of a fresh user + network namespace (unshare -Urn): a veth pair to a second namespace (the
 # "LAN") whose interface holds an allowed address (10.9.0.2) and a denied one (10.9.0.3).
-NAMESPACE_SCRIPT = textwrap.dedent(
+NAMESPACE_SETUP = textwrap.dedent(
     """
     import json, socket, subprocess, sys, threading, time
 
@@ -210,7 +210,10 @@ NAMESPACE_SCRIPT = textwrap.dedent(
             "denied_other_port": from_lan("10.9.0.3", port + 1),
             "loopback": loopback(port),
         }
-
+    """
+)
+NAMESPACE_SCRIPT = NAMESPACE_SETUP + textwrap.dedent(
+    """
     result = {"before": probe()}
     result["load"] = sh("nft", "-f", ruleset, check=False).returncode
     result["loaded"] = probe()
@@ -225,16 +228,20 @@ NAMESPACE_SCRIPT = textwrap.dedent(
 )
 
 
-def test_the_ruleset_lets_allowed_clients_in_and_resets_the_others(
-    rendered: tuple[Path, dict[str, Any]], tmp_path: Path
-) -> None:
-    out, _ = rendered
+def need_namespaces() -> None:
     for tool in ("unshare", "nsenter", "nft", "ip"):
         if shutil.which(tool) is None:
             unavailable(f"{tool} is not installed (apt-get install util-linux nftables iproute2)")
     probe = subprocess.run(["unshare", "-Urn", "true"], capture_output=True, text=True, timeout=30, check=False)
     if probe.returncode != 0:
         unavailable(f"unprivileged user namespaces are not permitted here ({probe.stderr.strip()}); see the README")
+
+
+def test_the_ruleset_lets_allowed_clients_in_and_resets_the_others(
+    rendered: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    out, _ = rendered
+    need_namespaces()
     script = tmp_path / "netns.py"
     script.write_text(NAMESPACE_SCRIPT)
     done = subprocess.run(
@@ -258,3 +265,126 @@ def test_the_ruleset_lets_allowed_clients_in_and_resets_the_others(
     assert result["tables"] == ["table", "inet", "rigkit_llama_main"]  # reloading replaced it, did not add one
     assert "counter packets 1 " in result["listing"]  # exactly the one denied connection attempt
     assert result["delete"] == 0 and result["deleted"] == everyone
+
+
+# --- a flushed ruleset (issue 35, finding 3) -------------------------------------------------------------------
+# Debian's /etc/nftables.conf as the package ships it: what `systemctl reload nftables` (and start, restart, or an
+# `nft -f /etc/nftables.conf` by hand) loads. It begins with `flush ruleset`, which removes every table.
+ADMIN_RULESET = """#!/usr/sbin/nft -f
+flush ruleset
+table inet filter {
+\tchain input {
+\t\ttype filter hook input priority filter;
+\t}
+}
+"""
+
+# nftables.service's own commands (Debian's unit: ExecStart= and ExecReload= `nft -f /etc/nftables.conf`, ExecStop=
+# `nft flush ruleset`), then the kit's drop-in's, in the order systemd runs them; the fast path's view of the table
+# (module_utils/rig_state.nft_tables) after each.
+FLUSH_SCRIPT = NAMESPACE_SETUP + textwrap.dedent(
+    """
+    import shlex
+    dropin_path, kit_path, admin, repo = sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
+    sys.path.insert(0, repo)
+    import rigkit  # noqa: F401 (module_utils as ansible.module_utils)
+    from ansible.module_utils.rig_state import nft_tables
+
+    def dropin(setting):
+        argvs = []
+        for line in open(dropin_path).read().splitlines():
+            if line.startswith(setting + "="):
+                argv = shlex.split(line.split("=", 1)[1])
+                assert argv == ["/usr/sbin/nft", "-f", kit_path], argv
+                argvs.append(["nft", "-f", ruleset])  # the rendered file, where the rig has it at kit_path
+        return argvs
+
+    def run(argvs):
+        return [sh(*argv, check=False).returncode for argv in argvs]
+
+    def seen():
+        return {"probe": probe(), "state": nft_tables(["inet " + table]), "tables": sh("nft", "list", "tables").stdout}
+
+    result = {"load": run([["nft", "-f", ruleset]]), "loaded": seen()}
+    result["flush"] = run([["nft", "-f", admin]])  # what nftables.service alone runs on a reload
+    result["flushed"] = seen()
+    result["reload"] = run([["nft", "-f", admin]] + dropin("ExecReload"))  # systemctl reload nftables
+    result["reloaded"] = seen()
+    result["restart"] = run([["nft", "flush", "ruleset"], ["nft", "-f", admin]] + dropin("ExecStartPost"))
+    result["restarted"] = seen()
+    lan.kill()
+    print(json.dumps(result))
+    """
+)
+
+
+def test_a_flushed_ruleset_is_noticed_and_nftables_itself_loads_the_table_again(
+    rendered: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """`nft -f` of a ruleset that flushes removes the kit's table and changes no file: the fast path's state
+    sees it gone (so the rig converges, and the role reloads a missing table), and nftables.service's drop-in
+    loads it again after the package's own ruleset on every reload and (re)start."""
+    from ansible.module_utils.rig_state import compare, part_digests
+
+    out, _ = rendered
+    need_namespaces()
+    dropin = (out / "lan.nftables-dropin.conf").read_text()
+    assert "[Service]" in dropin.splitlines()
+    unit = (out / "lan.firewall.service").read_text()
+    assert "PartOf=nftables.service" in unit and "After=nftables.service" in unit
+    admin = tmp_path / "nftables.conf"
+    admin.write_text(ADMIN_RULESET)
+    script = tmp_path / "flush.py"
+    script.write_text(FLUSH_SCRIPT)
+    argv = ["unshare", "-Urn", sys.executable, str(script), str(out / "lan.nft"), "rigkit_llama_main", str(PORT)]
+    argv += [str(out / "lan.nftables-dropin.conf"), "/etc/rigkit/llama-main.nft", str(admin), str(REPO)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    guarded = {
+        "allowed": "hello",
+        "denied": "ConnectionRefusedError",
+        "denied_other_port": "hello",
+        "loopback": "hello",
+    }
+    assert result["load"] == [0] and result["loaded"]["probe"] == guarded
+    assert result["loaded"]["state"] == ["inet rigkit_llama_main loaded"]
+    # The attack: one flushing `nft -f` and the allow-list is gone, every file untouched.
+    assert result["flush"] == [0] and result["flushed"]["probe"]["denied"] == "hello"
+    assert result["flushed"]["state"] == ["inet rigkit_llama_main not loaded"]
+    recorded = part_digests({"nftables": result["loaded"]["state"]})
+    reasons = compare(
+        {"inputs": "i", "parts": recorded, "recorded_at": 0},
+        "i",
+        part_digests({"nftables": result["flushed"]["state"]}),
+    )
+    assert reasons == [
+        "its nftables changed (a table the kit loaded, the client allow-list, is not loaded: a `flush ruleset`?)"
+    ]
+    # nftables.service with the kit's drop-in: the admin's ruleset, then the allow-list, every time.
+    for step in ("reload", "restart"):
+        after = result[f"{step}ed"]
+        assert all(code == 0 for code in result[step]) and len(result[step]) >= 2, (step, result[step])
+        assert after["probe"] == guarded, step
+        assert after["state"] == ["inet rigkit_llama_main loaded"], step
+        assert "table inet filter" in after["tables"] and "table inet rigkit_llama_main" in after["tables"], step
+
+
+def test_the_role_reloads_a_missing_table_and_removes_the_drop_in() -> None:
+    """A converge finds the table gone even though the unit is active and no file changed: it reloads it."""
+    tasks = yaml.safe_load((REPO / "roles/llama_server/tasks/firewall.yml").read_text())
+    look = next(t for t in tasks if "ansible.builtin.command" in t)
+    assert look["ansible.builtin.command"]["argv"][:4] == ["/usr/sbin/nft", "list", "table", "inet"]
+    assert look["check_mode"] is False and look["failed_when"] is False
+    load = next(t for t in tasks if "ansible.builtin.systemd_service" in t)["ansible.builtin.systemd_service"]
+    assert "__llama_server_nft_live.rc != 0" in load["state"] and "'reloaded'" in load["state"]
+    assert tasks.index(next(t for t in tasks if "ansible.builtin.command" in t)) < tasks.index(
+        next(t for t in tasks if "ansible.builtin.systemd_service" in t)
+    )
+    absent = yaml.safe_load((REPO / "roles/llama_server/tasks/firewall_absent.yml").read_text())
+    removed = next(t for t in absent if "ansible.builtin.file" in t)["loop"]
+    assert "{{ __llama_server_nftables_dropin_path }}" in removed
+    settings = (REPO / "roles/llama_server/tasks/settings.yml").read_text()
+    assert "nft_tables:" in settings
+    record = yaml.safe_load((REPO / "roles/rig_state/tasks/record.yml").read_text())[0]["rig_converged"]
+    assert record["nft_tables"] == "{{ rig_state_nft_tables }}"

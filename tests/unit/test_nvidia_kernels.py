@@ -166,3 +166,20 @@ def test_survey_and_ensure_on_this_machine_s_own_boot(tmp_path):
     assert empty["kernels"] == [] and empty["newest"] == "" and not empty["reboot_strands_gpu"]
     with pytest.raises(KernelModuleError, match=r"no kernel image under .* Install the kernel"):
         ensure_modules("535.261.03", build=False, boot_dir=str(tmp_path))
+
+
+def test_missing_headers_are_looked_up_in_apt(tmp_path):
+    """apt's own answer decides whether a kernel's missing headers can be installed: a package apt carries has a
+    candidate, a kernel no source knows has none (and nothing is installed in check mode)."""
+    from ansible.module_utils.nvidia_kernels import apt_candidate, install_missing_headers
+
+    assert apt_candidate("bash")  # installed on every Debian machine: its candidate is a version
+    assert apt_candidate("linux-headers-9.9.9-rigkit-none") is None
+    boot, modules = tmp_path / "boot", tmp_path / "modules"
+    boot.mkdir()
+    (boot / "vmlinuz-9.9.9-rigkit-none").write_bytes(b"")
+    (modules / "9.9.9-rigkit-none").mkdir(parents=True)
+    assert install_missing_headers("535.309.01", boot_dir=str(boot), modules_dir=str(modules), install=False) == (
+        [],
+        "",
+    )

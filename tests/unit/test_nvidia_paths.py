@@ -62,7 +62,16 @@ def pinned(version: str, *names: str) -> list[str]:
     return [f"{name}={version}-*" for name in names]
 
 
-CUDA_KEY_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"  # NVIDIA's 3bf863cc
+CUDA_KEYS = {  # NVIDIA signs each distribution tree with its own key: (file name, fingerprint)
+    "debian12": ("3bf863cc", "EB693B3035CD5710E231E123A4B469963BF863CC"),
+    "debian13": ("8793F200", "02182E60104FCDC26EAE1B8597A5D4CB8793F200"),
+    "ubuntu2204": ("3bf863cc", "EB693B3035CD5710E231E123A4B469963BF863CC"),
+    "ubuntu2404": ("3bf863cc", "EB693B3035CD5710E231E123A4B469963BF863CC"),
+}
+KEYRINGS = {
+    "bookworm": "/usr/share/keyrings/debian-archive-keyring.gpg",
+    "trixie": "/usr/share/keyrings/debian-archive-keyring.pgp",
+}
 TOOLKIT_KEY_FINGERPRINT = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
 
 
@@ -75,8 +84,8 @@ def nvidia_repo(dist: str, variable: str = "nvidia_driver_cuda_repo_key_fingerpr
         "suites": ["/"],
         "components": [],
         "signed_by": "/etc/apt/keyrings/nvidia-cuda.asc",
-        "key_url": url + "3bf863cc.pub",
-        "key_fingerprints": [CUDA_KEY_FINGERPRINT],
+        "key_url": url + CUDA_KEYS[dist][0] + ".pub",
+        "key_fingerprints": [CUDA_KEYS[dist][1]],
         "key_fingerprints_variable": variable,
     }
 
@@ -87,109 +96,125 @@ def debian_nonfree(release: str) -> dict:
         "uris": ["http://deb.debian.org/debian"],
         "suites": [release, f"{release}-updates"],
         "components": ["contrib", "non-free", "non-free-firmware"],
-        "signed_by": "/usr/share/keyrings/debian-archive-keyring.gpg",
+        "signed_by": KEYRINGS[release],
     }
+
+
+def debian_sources(release: str) -> list[dict]:
+    """The driver's Debian sources: the release's non-free components and its security suite's, one keyring."""
+    security = {
+        "name": "debian-security-nonfree",
+        "uris": ["http://deb.debian.org/debian-security"],
+        "suites": [f"{release}-security"],
+        "components": ["contrib", "non-free", "non-free-firmware"],
+        "signed_by": KEYRINGS[release],
+    }
+    return [debian_nonfree(release), security]
 
 
 def case(source: str, branch: str, version: str, **extra) -> dict:
     return {"source": source, "branch": branch, "version": version, **extra}
 
 
-V535, V550 = "535.261.03", "550.163.01"
+V535, V550 = "535.309.01", "550.163.01"
 EXPECTED = {
     "debian12": [
         (
             case("distro", "535", V535),
             pinned(V535, "nvidia-driver", "nvidia-open-kernel-dkms"),
-            debian_nonfree("bookworm"),
+            debian_sources("bookworm"),
         ),
         (
             case("distro", "535", V535, modules="proprietary"),
             pinned(V535, "nvidia-driver", "nvidia-kernel-dkms"),
-            debian_nonfree("bookworm"),
+            debian_sources("bookworm"),
         ),
         (
             case("distro", "535", V535, headless=True),
             pinned(V535, "nvidia-smi", "libcuda1", "nvidia-open-kernel-dkms"),
-            debian_nonfree("bookworm"),
+            debian_sources("bookworm"),
         ),
         (
             case("distro", "535", V535, hardware=False),
             pinned(V535, "nvidia-smi", "libcuda1"),
-            debian_nonfree("bookworm"),
+            debian_sources("bookworm"),
         ),
-        (case("nvidia", "580", V580), pinned(V580, "nvidia-open-580"), nvidia_repo("debian12")),
-        (case("nvidia", "580", V580, modules="proprietary"), pinned(V580, "cuda-drivers-580"), nvidia_repo("debian12")),
+        (case("nvidia", "580", V580), pinned(V580, "nvidia-open-580"), [nvidia_repo("debian12")]),
+        (
+            case("nvidia", "580", V580, modules="proprietary"),
+            pinned(V580, "cuda-drivers-580"),
+            [nvidia_repo("debian12")],
+        ),
         (
             case("nvidia", "580", V580, headless=True),
             pinned(V580, "nvidia-driver-cuda", "nvidia-kernel-open-dkms"),
-            nvidia_repo("debian12"),
+            [nvidia_repo("debian12")],
         ),
         (
             case("nvidia", "590", V590),
             pinned(V590, "nvidia-driver-pinning-590", "nvidia-open"),
-            nvidia_repo("debian12"),
+            [nvidia_repo("debian12")],
         ),
     ],
     "debian13": [
         (
             case("distro", "550", V550),
             pinned(V550, "nvidia-driver", "nvidia-open-kernel-dkms"),
-            debian_nonfree("trixie"),
+            debian_sources("trixie"),
         ),
         (
             case("distro", "550", V550, headless=True),
             pinned(V550, "nvidia-smi", "libcuda1", "nvidia-open-kernel-dkms"),
-            debian_nonfree("trixie"),
+            debian_sources("trixie"),
         ),
-        (case("nvidia", "580", V580), pinned(V580, "nvidia-open-580"), nvidia_repo("debian13")),
+        (case("nvidia", "580", V580), pinned(V580, "nvidia-open-580"), [nvidia_repo("debian13")]),
         (
             case("nvidia", "590", V590, modules="proprietary"),
             pinned(V590, "nvidia-driver-pinning-590", "cuda-drivers"),
-            nvidia_repo("debian13"),
+            [nvidia_repo("debian13")],
         ),
     ],
     "ubuntu2204": [
-        (case("distro", "580", V580), pinned(V580, "nvidia-driver-580-server-open"), {}),
-        (case("distro", "580", V580, modules="proprietary"), pinned(V580, "nvidia-driver-580-server"), {}),
+        (case("distro", "580", V580), pinned(V580, "nvidia-driver-580-server-open"), []),
+        (case("distro", "580", V580, modules="proprietary"), pinned(V580, "nvidia-driver-580-server"), []),
         (
             case("distro", "580", V580, headless=True),
             pinned(V580, "nvidia-headless-580-server-open", "nvidia-utils-580-server"),
-            {},
+            [],
         ),
         (
             case("distro", "535", V535, hardware=False),
             pinned(V535, "nvidia-utils-535-server", "libnvidia-compute-535-server"),
-            {},
+            [],
         ),
-        (case("nvidia", "580", V580), pinned(V580, "nvidia-open-580"), nvidia_repo("ubuntu2204")),
+        (case("nvidia", "580", V580), pinned(V580, "nvidia-open-580"), [nvidia_repo("ubuntu2204")]),
         (
             case("nvidia", "580", V580, headless=True),
             pinned(V580, "libnvidia-compute-580", "nvidia-dkms-580-open", "nvidia-utils-580"),
-            nvidia_repo("ubuntu2204"),
+            [nvidia_repo("ubuntu2204")],
         ),
     ],
     "ubuntu2404": [
-        (case("distro", "580", V580), pinned(V580, "nvidia-driver-580-server-open"), {}),
+        (case("distro", "580", V580), pinned(V580, "nvidia-driver-580-server-open"), []),
         (
             case("distro", "580", V580, headless=True),
             pinned(V580, "nvidia-headless-580-server-open", "nvidia-utils-580-server"),
-            {},
+            [],
         ),
         (
             case("nvidia", "580", V580, modules="proprietary"),
             pinned(V580, "cuda-drivers-580"),
-            nvidia_repo("ubuntu2404"),
+            [nvidia_repo("ubuntu2404")],
         ),
         (
             case("nvidia", "590", V590),
             pinned(V590, "nvidia-driver-pinning-590", "nvidia-open"),
-            nvidia_repo("ubuntu2404"),
+            [nvidia_repo("ubuntu2404")],
         ),
         (
             case("nvidia", "590", V590, headless=True),
             pinned(V590, "libnvidia-compute-590", "nvidia-dkms-590-open", "nvidia-utils-590"),
-            nvidia_repo("ubuntu2404"),
+            [nvidia_repo("ubuntu2404")],
         ),
     ],
 }
@@ -243,7 +268,7 @@ def test_driver_packages_and_repository(driver_plans, dist, index):
     _, packages, repository = EXPECTED[dist][index]
     plan = driver_plans[dist][index]
     assert plan["packages"] == packages
-    assert plan["repository"] == repository
+    assert plan["repositories"] == repository
 
 
 def test_driver_holds_every_driver_package(driver_plans):
@@ -278,6 +303,43 @@ def test_driver_refuses_impossible_combinations(dist, bad):
     plans, output = resolve("nvidia_driver", FACTS[dist], [bad])
     assert plans == []
     assert "cannot install on" in output
+
+
+GEFORCE = {"name": "NVIDIA GeForce GTX 1650 Ti", "compute_capability": "7.5", "vram_mib": 4096}
+
+
+@pytest.mark.parametrize(
+    ("dist", "bad", "expected"),
+    [
+        ("debian12", case("distro", "535", V535, rig_gpu=GEFORCE), "open kernel module refuses the NVIDIA GeForce"),
+        (
+            "debian13",
+            case("distro", "550", V550, modules="open", rig_gpu={**GEFORCE, "compute_capability": "6.1"}),
+            "need Turing (compute capability 7.5) or newer",
+        ),
+    ],
+)
+def test_driver_refuses_open_modules_that_would_not_drive_the_gpu(dist, bad, expected):
+    plans, output = resolve("nvidia_driver", FACTS[dist], [bad])
+    assert plans == []
+    assert expected in output and "nvidia_driver_kernel_modules" in output
+
+
+def test_open_modules_on_a_data_center_gpu_or_from_545_resolve():
+    cases = [
+        case("distro", "535", V535, rig_gpu={"name": "NVIDIA H200", "compute_capability": "9.0"}),
+        case("nvidia", "580", V580, rig_gpu=GEFORCE),
+    ]
+    plans, output = resolve("nvidia_driver", FACTS["debian12"], cases)
+    assert [plan["kernel_modules"] for plan in plans] == ["open", "open"], output[-3000:]
+
+
+def test_every_driver_dependency_follows_the_pin(driver_plans):
+    """apt preferences at the pinned version, except where NVIDIA's pinning package (590+) does that job."""
+    for dist, cases in EXPECTED.items():
+        for (given, _, _), plan in zip(cases, driver_plans[dist], strict=True):
+            by_package = given["source"] == "nvidia" and int(given["branch"]) >= 590
+            assert plan["apt_pin"] == ("" if by_package else f"{given['version']}-*"), (dist, given)
 
 
 TOOLKIT_VERSION = "1.18.0"
@@ -360,26 +422,27 @@ RIG_PATHS = {
     "ubuntu2404-nvidia": ("ubuntu2404", {"nvidia_driver_source": "nvidia"}),
 }
 RIG_DRIVER_EXPECTED = {
-    # (path, rig): (flavour, packages, repository)
+    # (path, rig): (flavour, packages, repositories); both rigs take the proprietary modules (branch 535's open
+    # module refuses GeForce cards)
     ("debian12-distro", "desktop3050"): (
         "full",
-        pinned(RIG_DRIVER_VERSION, "nvidia-driver", "nvidia-open-kernel-dkms"),
-        debian_nonfree("bookworm"),
+        pinned(RIG_DRIVER_VERSION, "nvidia-driver", "nvidia-kernel-dkms"),
+        debian_sources("bookworm"),
     ),
     ("debian12-distro", "laptop1650ti"): (
         "headless",
-        pinned(RIG_DRIVER_VERSION, "nvidia-smi", "libcuda1", "nvidia-open-kernel-dkms"),
-        debian_nonfree("bookworm"),
+        pinned(RIG_DRIVER_VERSION, "nvidia-smi", "libcuda1", "nvidia-kernel-dkms"),
+        debian_sources("bookworm"),
     ),
     ("ubuntu2404-nvidia", "desktop3050"): (
         "full",
-        pinned(RIG_DRIVER_VERSION, "nvidia-open-535"),
-        nvidia_repo("ubuntu2404"),
+        pinned(RIG_DRIVER_VERSION, "cuda-drivers-535"),
+        [nvidia_repo("ubuntu2404")],
     ),
     ("ubuntu2404-nvidia", "laptop1650ti"): (
         "headless",
-        pinned(RIG_DRIVER_VERSION, "libnvidia-compute-535", "nvidia-dkms-535-open", "nvidia-utils-535"),
-        nvidia_repo("ubuntu2404"),
+        pinned(RIG_DRIVER_VERSION, "libnvidia-compute-535", "nvidia-dkms-535", "nvidia-utils-535"),
+        [nvidia_repo("ubuntu2404")],
     ),
 }
 RIG_CUDA_EXPECTED = {
@@ -461,7 +524,8 @@ def test_rig_driver_plan(rig_plans, path, rig):
     assert plan["branch"] == "535"
     assert plan["flavour"] == flavour  # desktop3050 drives its display; laptop1650ti is compute only
     assert plan["packages"] == packages
-    assert plan["repository"] == repository
+    assert plan["repositories"] == repository
+    assert plan["apt_pin"] == f"{RIG_DRIVER_VERSION}-*"
     # Every package of the plan is held once installed, and kept off unattended-upgrades.
     hold = re.compile(plan["hold_regex"].strip())
     for name in (package.split("=")[0] for package in packages):

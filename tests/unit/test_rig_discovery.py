@@ -16,9 +16,17 @@ import yaml
 from ansible.module_utils.gguf_metadata import read_gguf_metadata
 from ansible.module_utils.server_preflight import MIB, estimate_memory
 
-from rigkit.rig_discovery import add_inventory_line, catalog_meta, plan_profile, render_host_vars
-from rigkit.rig_facts import DiscoverError, parse_gather, parse_lspci, parse_nvidia_smi, parse_secure_boot
-from tests.support import REPO, recap, run
+from rigkit.rig_discovery import (
+    Unsafe,
+    add_inventory_line,
+    catalog_meta,
+    plan_profile,
+    read_host_vars,
+    render_host_vars,
+    yaml_lines,
+)
+from rigkit.rig_facts import DiscoverError, parse_df, parse_gather, parse_lspci, parse_nvidia_smi, parse_secure_boot
+from tests.support import REPO, plain, recap, run, templated_var
 from tests.unit.test_server_preflight import E2B, assistant_header, gemma4_header
 
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
@@ -121,7 +129,7 @@ MACHINES: dict[str, dict[str, Any]] = {
             "Definition Audio Controller [10de:228e] (rev a1)"
         ),
         "gpu": {"name": "NVIDIA GeForce RTX 3060", "vram_mib": 12288, "compute_capability": "8.6", "headless": True},
-        "driver": ("535", "535.261.03"),
+        "driver": ("535", "535.309.01"),
         "target": "gemma-4-E4B-it-qat-q4_0-exact",
         "draft": 2,
     },
@@ -139,7 +147,7 @@ def plan(text: str, kind: str = "gpu", **options: Any) -> dict[str, Any]:
         llama_defaults=LLAMA_DEFAULTS,
         **options,
     )
-    written = yaml.safe_load(render_host_vars(profile))
+    written = read_host_vars(render_host_vars(profile))
     assert isinstance(written, dict)
     return written
 
@@ -193,7 +201,7 @@ def test_the_context_comment_shows_the_estimate_and_where_it_came_from() -> None
     assert "fits up to 131,072 tokens" in text and "capped at max_ctx=8192" in text
     # E2B + drafter at 8k: the estimate the llama_server defaults were calibrated with (seed: 2,875 MiB measured)
     assert "headroom 1,536 MiB = 2,887 MiB" in text
-    assert "nvidia-smi display_attached: yes" in text and "Debian 12's non-free archive" in text
+    assert "nvidia-smi display_attached: yes" in text and "Debian 12's bookworm-security non-free" in text
 
 
 # ------------------------------------------------------------------------------------------ memory model
@@ -257,7 +265,9 @@ def discover(inventory: Path, name: str, address: str, text: str, *extra: str) -
 def hostvars(inventory: Path) -> dict[str, Any]:
     result = run(["ansible-inventory", "-i", str(inventory / "hosts.yml"), "--list"])
     assert result.returncode == 0, result.tail()
-    return json.loads(result.output[result.output.index("{") :])
+    listed = plain(json.loads(result.output[result.output.index("{") :]))
+    assert isinstance(listed, dict)
+    return listed
 
 
 def test_profiles_of_other_cards_resolve_in_the_inventory(inventory_copy: Path) -> None:
@@ -313,7 +323,7 @@ def test_an_existing_profile_is_replaced_only_with_force(inventory_copy: Path) -
     assert path.read_text() == before
     forced = discover(inventory_copy, "desktop3050", "desktop3050.local", RTX3050, "--force")
     assert forced.returncode == 0, forced.output
-    assert path.read_text() != before and yaml.safe_load(path.read_text())["llama_server_ctx_size"] == 8192
+    assert path.read_text() != before and read_host_vars(path.read_text())["llama_server_ctx_size"] == 8192
     again = discover(inventory_copy, "desktop3050", "desktop3050.local", RTX3050)
     assert again.returncode == 0 and "desktop3050.yml: unchanged" in again.output
     assert (inventory_copy / "hosts.yml").read_text() == (REPO / "inventory/hosts.yml").read_text()
@@ -347,6 +357,80 @@ def test_the_gather_script_reads_this_machine() -> None:
     facts = parse_gather(done.stdout)
     assert facts.os_id and facts.kernel and facts.cpu_cores >= 1 and facts.mem_mib > 0 and facts.disk_free_mib > 0
     assert facts.secure_boot != "unknown" and facts.cpu_model != "unknown"
+
+
+# ------------------------------------------------------------------------------------------ hostile machines
+# A name nvidia-smi could print on a machine someone else controls (issue 35, finding 1): no comma, so the CSV
+# split keeps it whole; as a plain YAML value in the inventory it is a template Ansible runs on the controller.
+def payload(marker: Path) -> str:
+    return "NVIDIA GeForce RTX 3050 {{ lookup(*'pipe|touch " + str(marker) + "'.split('|')) }}"
+
+
+def test_a_machine_printing_a_template_cannot_run_code_on_the_controller(inventory_copy: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    hostile = gathered(smi=f"{payload(marker)}, 8192, 8.6, 535.261.03, Yes")
+    done = discover(inventory_copy, "hostile", "192.0.2.10", hostile)
+    # What `make check host=hostile` would make of the inventory now: Ansible templates rig_gpu for real.
+    if (inventory_copy / "host_vars/hostile.yml").exists():
+        templated_var(inventory_copy / "hosts.yml", "hostile", "rig_gpu")
+    assert not marker.exists(), "the GPU name ran a command on the controller"
+    assert done.returncode == 1, done.output
+    assert 'the machine reports the GPU name "NVIDIA GeForce RTX 3050 {{ lookup(' in done.output
+    assert "nvidia-smi --query-gpu=name" in done.output and "Nothing was written" in done.output
+    assert not (inventory_copy / "host_vars/hostile.yml").exists()
+    assert (inventory_copy / "hosts.yml").read_text() == (REPO / "inventory/hosts.yml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        ("os-release PRETTY_NAME", gathered().replace("(bookworm)", "\x1b]0;owned\x07")),
+        ("os-release ID", gathered().replace("ID=debian", "ID=debian{{x}}")),
+        ("the kernel release", gathered().replace("6.1.0-27-amd64", "6.1.0-27-amd64{{x}}")),
+        ("the CPU model", gathered().replace("AMD Ryzen", "AMD {% x %} Ryzen")),
+        ("the driver version", gathered(smi="NVIDIA GeForce RTX 3060, 12288, 8.6, 535.{{x}}, Yes")),
+        ("a display controller", gathered(lspci=INTEL_IGPU.replace("UHD Graphics", "UHD \u202e Graphics"))),
+    ],
+)
+def test_every_machine_reported_value_is_checked_against_what_it_can_be(field: str, text: str) -> None:
+    with pytest.raises(DiscoverError) as caught:
+        parse_gather(text)
+    message = str(caught.value)
+    assert message.startswith(f"the machine reports {field} ") and "Nothing was written" in message
+    assert message.isascii() and "\x1b" not in message  # shown with its escapes visible, never sent to the terminal
+
+
+def test_unicode_digits_are_not_numbers() -> None:
+    """'²'.isdigit() and '٣'.isdigit() are True (and int('٣') is 3): the parsers take ASCII digits only."""
+    with pytest.raises(DiscoverError, match="instead of GPU rows"):
+        parse_nvidia_smi("NVIDIA GeForce RTX 3060, \u0663\u0663\u0663, 8.6, 535.261.03, Yes")
+    with pytest.raises(DiscoverError, match="instead of GPU rows"):
+        parse_nvidia_smi("NVIDIA GeForce RTX 3060, 12288, \u0668.\u0666, 535.261.03, Yes")
+    facts = parse_gather(gathered().replace("\n12\n", "\n\u00b2\n").replace("MemTotal:       ", "MemTotal: \u0663"))
+    assert (facts.cpu_cores, facts.mem_mib) == (0, 0)
+    assert parse_df("/var/lib\nFilesystem 1024-blocks Used Available\n/dev/x 10 5 \u0663\u0663 50% /")[1] == 0
+
+
+def test_written_machine_text_is_tagged_unsafe_and_never_templated(inventory_copy: Path, tmp_path: Path) -> None:
+    """Behind the check, the serializer: what the machine said is written `!unsafe`, which Ansible shows as it
+    is. Proven with a value no check would let through, written by the same serializer into host_vars."""
+    marker = tmp_path / "PWNED"
+    profile = plan_profile(
+        parse_gather(RTX3050), CATALOG, host="tagged", address="192.0.2.11", user=None, kind="gpu",
+        llama_defaults=LLAMA_DEFAULTS,
+    )  # fmt: skip
+    text = render_host_vars(profile)
+    assert '  name: !unsafe "NVIDIA GeForce RTX 3050 OEM"' in text.splitlines()
+    lines = yaml_lines("rig_gpu", {"name": Unsafe(payload(marker)), "vram_mib": 8192})
+    (inventory_copy / "host_vars/tagged.yml").write_text("\n".join(["---", *lines]) + "\n")
+    hosts = inventory_copy / "hosts.yml"
+    hosts.write_text(add_inventory_line(hosts.read_text(), "tagged", "gpu_rigs"))
+    value, printed = templated_var(hosts, "tagged", "rig_gpu")
+    assert not marker.exists(), printed
+    assert plain(value) == {"name": payload(marker), "vram_mib": 8192}, printed  # shown literally
+    with pytest.raises(DiscoverError, match="the machine reports the GPU name"):
+        profile.values["rig_gpu"]["name"] = payload(marker)
+        render_host_vars(profile)  # the serializer checks again: nothing reaches it unchecked
 
 
 # ------------------------------------------------------------------------------------------ bad input

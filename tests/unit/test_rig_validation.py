@@ -53,6 +53,50 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         ['{file}: rig_gpu.compute_capability is "9.x"; expected MAJOR.MINOR such as "8.6"'],
     ),
     (
+        "extra-args-host",
+        {"llama_server_extra_args": ["--host", "0.0.0.0"]},
+        ['{file}: llama_server_extra_args is ["--host", "0.0.0.0"]; sets --host, which the kit manages'],
+    ),
+    (
+        "extra-args-secret",
+        {"llama_server_extra_args": ["--api-key=sekrit", "-c", "4096", "--jinja"]},
+        [
+            '{file}: llama_server_extra_args is ["--api-key=sekrit", "-c", "4096", "--jinja"]; sets --api-key,',
+            "sets -c, which the kit manages",
+        ],
+    ),
+    (
+        "drafter-is-a-target",
+        {"models_drafter": "tiny-gemma4-target"},
+        [
+            '{file}: models_drafter is "tiny-gemma4-target"; expected a drafter of the catalog, '
+            "but that entry is a target"
+        ],
+    ),
+    (
+        "open-geforce-535",
+        {"nvidia_driver_kernel_modules": "open"},
+        [
+            '{file}: nvidia_driver_kernel_modules is "open"; branch 535\'s open kernel module refuses the '
+            "NVIDIA GeForce RTX 3050 OEM"
+        ],
+    ),
+    (
+        "open-pre-turing",
+        {
+            "nvidia_driver_kernel_modules": "open",
+            "nvidia_driver_branch": "580",
+            "nvidia_driver_version": "580.95.05",
+            "rig_gpu": {**BASE_RIG["rig_gpu"], "compute_capability": "6.1"},
+        },
+        ['{file}: nvidia_driver_kernel_modules is "open"; the open kernel modules need Turing'],
+    ),
+    (
+        "pci-id-bad",
+        {"rig_gpu": {**BASE_RIG["rig_gpu"], "pci_device_id": "RTX"}},
+        ['{file}: rig_gpu.pci_device_id is "RTX"; expected the PCI device id'],
+    ),
+    (
         "vram-zero",
         {"rig_gpu": {**BASE_RIG["rig_gpu"], "vram_mib": 0}},
         ["{file}: rig_gpu.vram_mib is 0; expected the GPU's memory in MiB"],

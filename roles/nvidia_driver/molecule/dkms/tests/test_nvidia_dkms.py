@@ -1,4 +1,5 @@
-"""Verify the kernel side of nvidia_driver after a real kernel update (Debian 12, module built, not loaded)."""
+"""Verify the kernel side of nvidia_driver after real kernel updates (Debian 12 with an installer's sources: the
+proprietary 535.309.01 module built for every kernel, bookworm-security's newest included; not loaded)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 
 import pytest
 
-DRIVER = "535.261.03"
+DRIVER = "535.309.01"
 HOOK_DIRS = ("postinst.d", "header_postinst.d", "postrm.d")
 HOOK = "zz-rigkit-nvidia-driver"
 
@@ -17,11 +18,15 @@ def scenario(host) -> dict:
 
 
 def kernels(scenario: dict) -> list[str]:
-    return [scenario["dkms_scenario_old_kernel"], scenario["dkms_scenario_new_kernel"]]  # the broken one is gone
+    return [
+        scenario["dkms_scenario_old_kernel"],
+        scenario["dkms_scenario_new_kernel"],
+        scenario["dkms_scenario_newest_kernel"],
+    ]
 
 
 def module_files(host, kernel: str) -> list[str]:
-    found = host.check_output(f"find /lib/modules/{kernel}/updates/dkms -name 'nvidia-current-open*.ko*'")
+    found = host.check_output(f"find /lib/modules/{kernel}/updates/dkms -name 'nvidia-current*.ko*'")
     return found.split()
 
 
@@ -34,7 +39,8 @@ def test_both_kernels_are_installed(host, scenario):
 def test_every_kernel_has_the_pinned_module(host, scenario):
     for kernel in kernels(scenario):
         files = module_files(host, kernel)
-        assert any(path.endswith("/nvidia-current-open.ko") for path in files), (kernel, files)
+        assert any(path.endswith("/nvidia-current.ko") for path in files), (kernel, files)
+        assert not any("nvidia-current-open" in path for path in files), (kernel, files)
         for path in files:
             assert host.check_output(f"modinfo -F version {path}") == DRIVER, path
 
@@ -67,6 +73,13 @@ def test_dkms_status_is_clean_for_both_kernels(host, scenario):
     assert all(line.endswith(": installed") for line in lines), lines
 
 
+def test_the_pinned_driver_came_from_bookworm_security(host):
+    for name in ("nvidia-kernel-dkms", "nvidia-smi", "libcuda1", "firmware-nvidia-gsp"):
+        package = host.package(name)
+        assert package.is_installed and package.version.startswith(f"{DRIVER}-"), (name, package.version)
+    assert not host.package("nvidia-open-kernel-dkms").is_installed
+
+
 def test_headers_follow_the_kernel_flavour(host, scenario):
     image = host.package("linux-image-amd64")
     headers = host.package("linux-headers-amd64")
@@ -74,10 +87,13 @@ def test_headers_follow_the_kernel_flavour(host, scenario):
     assert headers.version == image.version == scenario["dkms_scenario_new_version"]
 
 
-def test_the_kernel_the_driver_cannot_build_for_is_gone(host, scenario):
-    broken = scenario["dkms_scenario_broken_kernel"]
-    assert not host.file(f"/boot/vmlinuz-{broken}").exists
-    assert f", {broken}," not in host.check_output("dkms status")
+def test_bookworm_securitys_newest_kernel_has_the_module(host, scenario):
+    newest = scenario["dkms_scenario_newest_kernel"]
+    assert host.file(f"/boot/vmlinuz-{newest}").exists
+    assert f"nvidia-current/{DRIVER}, {newest}, x86_64: installed" in host.check_output("dkms status")
+    # the headers the scenario broke are whole again
+    common = newest.removesuffix("-amd64") + "-common"
+    assert "rigkit scenario" not in host.file(f"/usr/src/linux-headers-{common}/include/linux/pci.h").content_string
 
 
 def test_the_guard_runs_after_dkms_in_every_kernel_hook_dir_and_after_dpkg(host):
@@ -94,24 +110,24 @@ def test_the_guard_runs_after_dkms_in_every_kernel_hook_dir_and_after_dpkg(host)
 
 
 def test_the_guard_said_what_it_kept_and_when_it_let_go(host, scenario):
-    old, new = kernels(scenario)
-    broken = scenario["dkms_scenario_broken_kernel"]
+    old, new, newest = kernels(scenario)
     journal = host.check_output("journalctl -t rigkit-nvidia-driver --no-pager -o cat")
     missing = "has no NVIDIA " + re.escape(DRIVER) + r" module \([^)]*\): boot default kept on"
     kept_old = re.search(rf"kernel {new} {missing} {old}", journal)
     let_new = re.search(rf"kernel {new} has the NVIDIA {DRIVER} module \([^)]*\)", journal)
-    kept_new = re.search(rf"kernel {broken} {missing} {new}", journal)
-    assert kept_old and let_new and kept_new, journal
-    assert kept_old.start() < let_new.start() < kept_new.start(), journal
+    kept_new = re.search(rf"kernel {newest} {missing} {new}", journal)
+    let_newest = re.search(rf"kernel {newest} has the NVIDIA {DRIVER} module \([^)]*\)", journal)
+    assert kept_old and let_new and kept_new and let_newest, journal
+    assert kept_old.start() < let_new.start() < kept_new.start() < let_newest.start(), journal
 
 
 def test_the_last_verdict_is_ok_and_nothing_pins_grub(host, scenario):
     state = dict(
         line.split("=", 1) for line in host.file("/var/lib/rigkit/nvidia-kernel-guard").content_string.splitlines()
     )
-    assert state["verdict"] == "ok" and state["newest"] == scenario["dkms_scenario_new_kernel"], state
+    assert state["verdict"] == "ok" and state["newest"] == scenario["dkms_scenario_newest_kernel"], state
     assert not host.file("/etc/default/grub.d/zz-rigkit-nvidia-driver.cfg").exists
 
 
 def test_the_module_packages_are_held(host):
-    assert host.check_output("dpkg-query -W -f='${db:Status-Want}' nvidia-open-kernel-dkms") == "hold"
+    assert host.check_output("dpkg-query -W -f='${db:Status-Want}' nvidia-kernel-dkms") == "hold"
