@@ -4,6 +4,8 @@ fault leaves the previous server answering."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 
@@ -175,3 +177,65 @@ def test_killed_server_is_restarted_by_systemd(previous):
     assert restarts() > before
     assert serving()["health"] == '{"status":"ok"}', f"not serving {elapsed:.1f} s after the kill"
     assert elapsed < 10
+
+
+def running_argv(container: str = MTP_CONTAINER) -> list[str]:
+    """What the rig's server container runs now (its arguments), read from the rig's engine."""
+    done = in_rig(container, "docker", "inspect", "--format", "{{json .Args}}", "rigkit-llama-main")
+    return json.loads(done.stdout) if done.returncode == 0 else []
+
+
+def draft_n_max(argv: list[str]) -> str | None:
+    return argv[argv.index("--spec-draft-n-max") + 1] if "--spec-draft-n-max" in argv else None
+
+
+def provision_killed_after(host: str, task: str, *extra: str) -> str:
+    """`make provision` killed with SIGKILL (the whole process group) right after `task` printed its result."""
+    argv = ["make", "--no-print-directory", "provision", f"host={host}", f"ARGS={' '.join(extra)}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ANSIBLE_FORCE_COLOR": "0"}
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    ) as proc:
+        assert proc.stdout is not None
+        seen, lines = False, []
+        deadline = time.monotonic() + 900
+        for line in proc.stdout:
+            lines.append(line)
+            if f"TASK [llama_server : {task}" in line:
+                seen = True
+            elif seen and line.startswith(("changed:", "ok:")):
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            if time.monotonic() > deadline:
+                break
+        else:
+            pytest.fail(f"the run ended before {task!r} printed its result:\n{''.join(lines[-80:])}")
+        proc.wait(timeout=60)
+    return "".join(lines)
+
+
+@pytest.mark.parametrize("task", ["Write the unit", "Restart the server"])
+def test_a_provision_killed_mid_rollout_is_followed_by_one_that_converges_the_running_server(mtp_rig, task):
+    """Level-triggered: the next run compares what runs (the container's configuration, systemd's loaded unit, the
+    configuration whose canary passed) with what should run, so a run killed after writing the unit (the server
+    still runs the old setting) or after restarting it (no canary yet) is followed by one that restarts and proves
+    the server, and a third run changes nothing."""
+    before = draft_n_max(running_argv())
+    wanted = "2" if before != "2" else "1"
+    change = f"-e llama_server_spec_draft_n_max={wanted}"
+    killed = provision_killed_after(MTP_RIG, task, change)
+    if task == "Write the unit":
+        words = " ".join(unit_text().replace('"', "").replace("\\\n", " ").split())
+        assert f"--spec-draft-n-max {wanted} " in words, words
+        assert draft_n_max(running_argv()) == before, killed[-3000:]  # killed before the restart
+    try:
+        code, output = provision(MTP_RIG, change, log=f"after-kill-{task.replace(' ', '-').lower()}")
+        assert code == 0, output[-6000:]
+        assert draft_n_max(running_argv()) == wanted, output[-6000:]
+        assert "Wait for health and a canary that drafts" in output
+        code, output = provision(MTP_RIG, change, log=f"after-kill-noop-{task.replace(' ', '-').lower()}")
+        assert code == 0 and recap(output)[MTP_RIG]["changed"] == 0, output[-6000:]
+    finally:
+        code, output = provision(MTP_RIG, log=f"after-kill-restore-{task.replace(' ', '-').lower()}")
+        assert code == 0, output[-6000:]
+    assert draft_n_max(running_argv()) == before

@@ -3,6 +3,7 @@ the API key (or the instance name, the host, an argument) must not add a variabl
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,11 @@ def test_good_values_render(rendered: tuple[Path, dict[str, Any]]) -> None:
     out, result = rendered
     assert "good" not in failures(result)
     env_lines = (out / "good.env").read_text().splitlines()
+    digest = env_lines[[line.startswith("RIGKIT_SERVER_CONFIG=") for line in env_lines].index(True)]
+    assert re.fullmatch(r"RIGKIT_SERVER_CONFIG=[0-9a-f]{64}", digest), digest  # what the container started from
+    assert KEY not in digest
     assert [line for line in env_lines if not line.startswith("#")] == [
+        digest,
         "LLAMA_ARG_HOST=192.0.2.7",
         "LLAMA_ARG_PORT=8080",
         f"LLAMA_API_KEY={KEY}",
