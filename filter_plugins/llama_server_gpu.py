@@ -13,7 +13,7 @@ from ansible.errors import AnsibleFilterError
 #   Available devices:
 #     CUDA0: NVIDIA GeForce RTX 3050 (8192 MiB, 7801 MiB free)
 # or "  (none)" when no backend but the CPU's has a device.
-DEVICE_RE = re.compile(r"^\s+([A-Za-z][A-Za-z0-9_-]*\d+): (.*)$")
+DEVICE_RE = re.compile(r"^\s+([A-Za-z][A-Za-z0-9_-]*[0-9]+): (.*)$")
 CUDA_INIT_RE = re.compile(r"ggml_cuda_init: failed to initialize CUDA: (.+)")
 CDI_RE = re.compile(r"CDI|failed to stat CDI host device|unresolvable CDI devices", re.IGNORECASE)
 

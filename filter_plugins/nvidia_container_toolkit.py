@@ -16,7 +16,7 @@ from ansible.errors import AnsibleFilterError
 # Nodes CUDA needs in the container besides one /dev/nvidiaN per GPU (nvidia-uvm-tools and nvidia-modeset are
 # created too, but CUDA runs without them).
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm")
-MINOR_RE = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
+MINOR_RE = re.compile(r"^Device Minor:[ \t]*([0-9]+)[ \t]*$", re.MULTILINE)
 STAMP_VERSION = "rigkit-cdi-stamp 1"
 
 

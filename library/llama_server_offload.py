@@ -102,6 +102,8 @@ evidence:
   returned: always
 """
 
+import re
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpu_offload import GpuOffloadError, check
 from ansible.module_utils.llama_server_unit import unit_state
@@ -121,7 +123,7 @@ def container_pid(container: str) -> tuple[int | None, str]:
     """The host PID of the container's main process (llama-server: the image's entrypoint), or None and why."""
     code, out, err = run(["docker", "inspect", "--format", "{{.State.Pid}}", container], timeout=30)
     text = out.strip()
-    if code != 0 or not text.isdigit() or text == "0":
+    if code != 0 or not re.fullmatch(r"[0-9]+", text) or text == "0":
         return None, f"docker inspect {container} gave no running process ({(err or out).strip() or code})"
     return int(text), ""
 

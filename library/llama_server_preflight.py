@@ -156,6 +156,8 @@ problems:
   elements: str
 """
 
+import re
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.server_preflight import (
     CACHE_TYPES,
@@ -229,7 +231,7 @@ def main() -> None:
         "estimate": result.estimate.as_dict() if result.estimate else None,
     }
     wanted = str(p["container_memory_mib"]).strip().lower()
-    if wanted != "auto" and not wanted.isdigit():
+    if wanted != "auto" and not re.fullmatch(r"[0-9]+", wanted):
         module.fail_json(
             msg=f"llama_server_container_memory_mib is {p['container_memory_mib']!r}; expected auto or a number of MiB",
             changed=False,

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import re
 import ssl
 import urllib.parse
 
 from ansible.module_utils.fetch_errors import HttpStatusError, InsecureUrlError, TlsError, Transient
 from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions
 from ansible.module_utils.http_client import MAX_REDIRECTS, REDIRECT_STATUSES, UrlRefused, check_url, next_hop
+from ansible.module_utils.printable import printable
 
 USER_AGENT = "rigkit-gguf-fetch/1"
 
@@ -79,7 +81,7 @@ def open_get(
             raise Transient(f"no response within {opts.read_timeout:g} s (read timeout)") from None
         except (http.client.HTTPException, OSError) as exc:
             conn.close()
-            raise Transient(f"request failed: {exc.__class__.__name__}: {exc}") from None
+            raise Transient(f"request failed: {exc.__class__.__name__}: {printable(exc, 300)}") from None
         if resp.status in REDIRECT_STATUSES:
             location = resp.getheader("Location")
             conn.close()
@@ -113,6 +115,7 @@ def _error_detail(resp: http.client.HTTPResponse) -> str:
     code = resp.getheader("X-Error-Code") or ""
     with contextlib.suppress(OSError, http.client.HTTPException):
         resp.read(4096)
+    code, detail = printable(code, 100), printable(detail, 300)  # the server's text: no escapes reach a terminal
     return f"{code}: {detail}" if code and detail else code or detail
 
 
@@ -143,6 +146,8 @@ def raise_for_status(
         )
     if status == 429 or status >= 500:
         retry_after = resp.getheader("Retry-After")
-        seconds = float(retry_after) if retry_after and retry_after.isdigit() else None
+        # delay-seconds only, ASCII digits (str.isdigit() takes '²', which float() refuses); an HTTP-date is ignored
+        delay = (retry_after or "").strip()
+        seconds = float(delay) if re.fullmatch(r"[0-9]{1,9}", delay) else None
         raise Transient(f"HTTP {status} from {urllib.parse.urlsplit(origin).netloc}{extra}", seconds)
     raise HttpStatusError(f"HTTP {status} for {where}{extra}", status)

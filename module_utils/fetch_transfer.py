@@ -21,12 +21,14 @@ from ansible.module_utils.fetch_http import open_get, request_headers
 from ansible.module_utils.fetch_pace import Pace
 from ansible.module_utils.fetch_part import PartWriter
 from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions, FetchResult
+from ansible.module_utils.printable import printable
 
 # An attempt that received at least this much (or finished) resets the count of consecutive failures; a server
 # that dribbles a few bytes and stalls again still runs out of retries.
 PROGRESS_BYTES = 1024 * 1024
 
-_CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+# ASCII digits (\d also takes '٣'), at most 18 of them (int() refuses 4,300+); used with fullmatch
+_CONTENT_RANGE_RE = re.compile(r"bytes ([0-9]{1,18})-([0-9]{1,18})/([0-9]{1,18}|\*)")
 
 
 def size_mismatch(entry: CatalogEntry, actual: int, source: str) -> VerificationError:
@@ -148,7 +150,7 @@ class Transfer:
         if resp.status == 416:
             raise Restart()
         if resp.status == 206:
-            match = _CONTENT_RANGE_RE.match(resp.getheader("Content-Range") or "")
+            match = _CONTENT_RANGE_RE.fullmatch(resp.getheader("Content-Range") or "")
             if not match or int(match[1]) != self.offset:
                 raise Restart()
             if match[3] != "*" and int(match[3]) != size:
@@ -158,8 +160,8 @@ class Transfer:
         if self.offset:
             self.log(f"the server ignored the Range request (HTTP 200); restarting from byte 0, not {self.offset}")
             self._restart_part()
-        length = resp.getheader("Content-Length")
-        if length is not None and length.isdigit() and int(length) != size:
+        length = (resp.getheader("Content-Length") or "").strip()
+        if re.fullmatch(r"[0-9]{1,18}", length) and int(length) != size:  # ASCII: str.isdigit() takes '²'
             raise size_mismatch(self.entry, int(length), "the server's Content-Length")
 
     def _restart_part(self) -> None:
@@ -197,7 +199,7 @@ class Transfer:
         if isinstance(exc, TimeoutError):
             return Transient(f"no data for {self.opts.read_timeout:g} s (read timeout) at byte {self.offset}")
         if isinstance(exc, (http.client.HTTPException, ConnectionError, ssl.SSLError)):
-            return Transient(f"connection lost at byte {self.offset}: {exc.__class__.__name__}: {exc}")
+            return Transient(f"connection lost at byte {self.offset}: {exc.__class__.__name__}: {printable(exc, 300)}")
         if isinstance(exc, OSError) and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             return Transient(f"connection error at byte {self.offset}: {exc}")
         return exc

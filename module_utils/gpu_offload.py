@@ -56,14 +56,15 @@ CAUSE_TEXT = {
 MEMORY_FRACTION = 0.5
 
 CUDA_INIT_FAILED_RE = re.compile(r"ggml_cuda_init: failed to initialize CUDA: (?P<error>.*?)\s*$")
-CUDA_FOUND_RE = re.compile(r"ggml_cuda_init: found (?P<count>\d+) CUDA devices")
+UINT_RE = re.compile(r"[0-9]+")  # ASCII digits: str.isdigit() takes '²' (int() refuses it), \d takes '٣'
+CUDA_FOUND_RE = re.compile(r"ggml_cuda_init: found (?P<count>[0-9]+) CUDA devices")
 NO_USABLE_GPU_RE = re.compile(r"warning: no usable GPU found, (?P<option>--gpu-layers(?:-draft)?) option")
 NO_DEVICE_ERROR = "no CUDA-capable device is detected"
 LOAD_START = "load_tensors: loading model tensors"
 DRAFT_START = "loading draft model '"
-OFFLOADED_RE = re.compile(r"load_tensors: offloaded (?P<done>\d+)/(?P<total>\d+) layers to GPU")
+OFFLOADED_RE = re.compile(r"load_tensors: offloaded (?P<done>[0-9]+)/(?P<total>[0-9]+) layers to GPU")
 MODEL_BUFFER_RE = re.compile(r"load_tensors:\s+(?P<device>\S+) model buffer size =\s*(?P<mib>[0-9.]+) MiB")
-CUDA_DEVICE_RE = re.compile(r"^CUDA\d+$")
+CUDA_DEVICE_RE = re.compile(r"CUDA[0-9]+")  # used with fullmatch
 
 DEVICE_HINT = (
     "check on the rig that /dev/nvidia0, /dev/nvidiactl and /dev/nvidia-uvm exist, that the CDI spec lists them "
@@ -100,11 +101,11 @@ class ModelLoad:
 
     @property
     def cuda_mib(self) -> float:
-        return round(sum(mib for device, mib in self.buffers.items() if CUDA_DEVICE_RE.match(device)), 2)
+        return round(sum(mib for device, mib in self.buffers.items() if CUDA_DEVICE_RE.fullmatch(device)), 2)
 
     @property
     def on_cuda(self) -> bool:
-        return any(CUDA_DEVICE_RE.match(device) for device in self.buffers)
+        return any(CUDA_DEVICE_RE.fullmatch(device) for device in self.buffers)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -222,10 +223,10 @@ def parse_compute_apps(text: str) -> dict[int, int | None]:
     held: dict[int, int | None] = {}
     for line in text.splitlines():
         fields = [part.strip() for part in line.split(",")]
-        if len(fields) < 2 or not fields[0].isdigit():
+        if len(fields) < 2 or not UINT_RE.fullmatch(fields[0]):
             continue
         pid = int(fields[0])
-        mib = int(fields[1]) if fields[1].isdigit() else None
+        mib = int(fields[1]) if UINT_RE.fullmatch(fields[1]) else None
         before = held.get(pid, 0)
         held[pid] = None if mib is None or before is None else before + mib
     return held

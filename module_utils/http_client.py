@@ -19,6 +19,8 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ansible.module_utils.printable import printable
+
 __all__ = [
     "MAX_REDIRECTS",
     "REDIRECT_STATUSES",
@@ -49,13 +51,14 @@ class HttpClientError(Exception):
 
 
 def redact(url: str) -> str:
-    """The URL without user info, query or fragment (CDN redirects carry signatures in the query)."""
+    """The URL without user info, query or fragment (CDN redirects carry signatures in the query), printable (a
+    redirect's Location is the server's text)."""
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
     netloc = f"{host}:{parts.port}" if parts.port else host
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    return printable(urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")), 500)
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
@@ -198,7 +201,7 @@ def request(
         except TimeoutError:
             raise HttpClientError(f"no answer from {redact(current)} within {timeout:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
-            raise HttpClientError(f"{redact(current)}: {exc.__class__.__name__}: {exc}") from None
+            raise HttpClientError(f"{redact(current)}: {exc.__class__.__name__}: {printable(exc, 300)}") from None
         finally:
             conn.close()
         if len(answer.body) > max_body:

@@ -12,11 +12,11 @@ from typing import Any
 ROLES = ("target", "drafter")
 REQUIRED_FIELDS = ("repo", "revision", "filename", "sha256", "size", "architecture", "role")
 PIN_FIELDS = ("repo", "revision", "sha256", "size")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
+REVISION_RE = re.compile(r"^[0-9a-f]{40}\Z")
 CATALOG_PATH = "inventory/group_vars/all/model_catalog.yml"
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 class CatalogError(Exception):
@@ -37,15 +37,15 @@ def entry_problems(name: str, entry: Any) -> list[str]:
     if filename.startswith("/") or "\\" in filename or any(part in ("", ".", "..") for part in parts):
         problems.append(f"{name}: filename {filename!r} must be a plain relative path inside the repository")
     repo = entry.get("repo")
-    if repo is not None and not REPO_RE.match(str(repo)):
+    if repo is not None and not REPO_RE.fullmatch(str(repo)):
         problems.append(f"{name}: repo must be of the form owner/name, found {repo!r}")
     if not entry.get("architecture"):
         problems.append(f"{name}: architecture (the GGUF's general.architecture) must be set")
     sha = entry.get("sha256")
-    if sha is not None and not SHA256_RE.match(str(sha)):
+    if sha is not None and not SHA256_RE.fullmatch(str(sha)):
         problems.append(f"{name}: sha256 must be 64 lowercase hex digits, found {sha!r}")
     revision = entry.get("revision")
-    if revision is not None and not REVISION_RE.match(str(revision)):
+    if revision is not None and not REVISION_RE.fullmatch(str(revision)):
         problems.append(f"{name}: revision must be a full 40-character commit (branches move), found {revision!r}")
     size = entry.get("size")
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
@@ -58,7 +58,7 @@ def catalog_problems(catalog: Any) -> list[str]:
         return ["model_catalog must be a non-empty mapping of entry names to entries"]
     problems: list[str] = []
     for name, entry in catalog.items():
-        if not NAME_RE.match(str(name)):
+        if not NAME_RE.fullmatch(str(name)):
             problems.append(f"{name}: entry names use letters, digits, '.', '_' and '-' only")
         problems.extend(entry_problems(str(name), entry))
         pairs_with = entry.get("pairs_with") if isinstance(entry, dict) else None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 __all__ = ["AllowListError", "Networks", "normalise_networks", "render_ruleset", "table_name"]
 
-_INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
+_INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}\Z")
 
 
 class AllowListError(ValueError):
@@ -69,7 +69,7 @@ def normalise_networks(entries: Iterable[object], variable: str = "llama_server_
 
 def table_name(instance: str) -> str:
     """The kit's nftables table for one server instance (nft names take no '-')."""
-    if not _INSTANCE_RE.match(instance):
+    if not _INSTANCE_RE.fullmatch(instance):
         raise AllowListError(f"llama_server_instance {instance!r} is not a valid instance name")
     return "rigkit_llama_" + instance.replace("-", "_")
 

@@ -45,7 +45,7 @@ DRIVER_PINS: dict[tuple[str, str], DriverPin] = {
 OPEN_MODULES_MIN_COMPUTE_CAPABILITY = (7, 5)
 OPEN_MODULES_GEFORCE_MIN_BRANCH = 545
 _DATA_CENTER_RE = re.compile(
-    r"\b(tesla|[abhl]\d{1,3}[gs]?|gh200|gb200|b\d{3}|t4|v100|p100|p40|p4|a800|h800|h20|l20|l40s?)\b",
+    r"\b(tesla|[abhl][0-9]{1,3}[gs]?|gh200|gb200|b[0-9]{3}|t4|v100|p100|p40|p4|a800|h800|h20|l20|l40s?)\b",
     re.IGNORECASE,
 )
 _WORKSTATION_OR_CONSUMER_RE = re.compile(r"\b(geforce|quadro|titan|rtx|gtx)\b", re.IGNORECASE)

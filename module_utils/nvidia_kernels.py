@@ -33,7 +33,7 @@ MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
 # Where DKMS and NVIDIA's installers put it, under /lib/modules/<kernel>/.
 MODULE_SUBDIRS = ("updates/dkms", "updates", "extra", "kernel/drivers/video")
 # A kernel release, as in /boot/vmlinuz-<release> and linux-image-<release>: it starts X.Y.Z.
-_RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+")
+_RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+")
 # Image packages that are neither a kernel flavour's metapackage nor a kernel (debug symbols, build templates).
 _NOT_A_FLAVOUR_RE = re.compile(r"(-dbg|-dbgsym|-template|-unsigned)$|^(unsigned|extra|signed)-")
 # dkms status lines: DKMS 3 "name/version, kernel, arch: state", DKMS 2 "name, version, kernel, arch: state".
@@ -41,7 +41,7 @@ _DKMS_TAIL = r"(?:, (?P<kernel>[^,\s]+), (?P<arch>[^:\s]+))?: (?P<state>.+)$"
 _DKMS3_RE = re.compile(r"^(?P<name>[^/,\s]+)/(?P<version>[^,\s]+)" + _DKMS_TAIL)
 _DKMS2_RE = re.compile(r"^(?P<name>[^,\s]+), (?P<version>[^,\s]+)" + _DKMS_TAIL)
 # What a person needs from a make.log: compiler errors and make's failure lines, not the flags (-Werror=...).
-_ERROR_RE = re.compile(r"(^|\s)(fatal )?error: |\*\*\* .*Error \d|No such file or directory")
+_ERROR_RE = re.compile(r"(^|\s)(fatal )?error: |\*\*\* .*Error [0-9]|No such file or directory")
 
 
 class KernelModuleError(Exception):
@@ -50,7 +50,8 @@ class KernelModuleError(Exception):
 
 def version_key(release: str) -> tuple[tuple[int, int | str], ...]:
     """Sort kernel releases the way `sort -V` and GRUB's menu do (6.1.0-9 before 6.1.0-10)."""
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", release) if part)
+    parts = re.split(r"([0-9]+)", release)  # ASCII digits only: str.isdigit() takes '²', which int() refuses
+    return tuple((0, int(part)) if re.fullmatch(r"[0-9]+", part) else (1, part) for part in parts if part)
 
 
 def installed_kernels(boot_dir: str = BOOT_DIR) -> list[str]:

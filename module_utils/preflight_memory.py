@@ -5,6 +5,7 @@ The rules, and the llama.cpp code they follow, are described at the top of modul
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +54,7 @@ def _tensor_layer(name: str, n_layer: int) -> int | None:
         return None
     if name.startswith("blk."):
         index = name.split(".", 2)[1]
-        if index.isdigit():
+        if re.fullmatch(r"[0-9]+", index):  # ASCII: str.isdigit() takes '²', which int() refuses
             return min(int(index), n_layer)
     return n_layer
 

@@ -135,7 +135,7 @@ def server_settings(argv: list[str]) -> dict[str, Any]:
             continue
         if not sep:
             value = next(args, "")
-        found[key] = int(value) if value.isdigit() else value
+        found[key] = int(value) if re.fullmatch(r"[0-9]+", value) else value
     return found
 
 

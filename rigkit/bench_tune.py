@@ -6,7 +6,8 @@ the run's noise band). This writes it into inventory/host_vars/<host>.yml with r
 
 A report is data from a rig, not from the kit: nothing of it is written as it is. Its speculative decoding type
 must be one the kit knows (the kit's own spelling is written, tagged ``!unsafe`` so Ansible never templates it),
-its draft lengths integers in the range the role accepts, and the comment is printable ASCII on one line.
+its draft lengths integers in the range the role accepts, and the comment is printable ASCII, wrapped into
+comment lines of at most 160 characters (yamllint's line-length) under the key it explains.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ SPEC_TYPES = ("draft-simple", "draft-mtp")
 DRAFT_N_RANGE = range(1, 17)
 UNSAFE_TAG = "!unsafe"
 _NOT_PRINTABLE = re.compile(r"[^ -~]")
+LINE_LENGTH = 160  # .yamllint's line-length max: a tuned host_vars passes `yamllint --strict`
 
 
 def report_spec_type(report: dict[str, Any], path: Path) -> str:
@@ -56,6 +59,14 @@ def draft_length(value: Any, what: str, path: Path) -> int:
 def one_line(text: str) -> str:
     """A comment's text: printable ASCII on one line (a line break would end the comment)."""
     return _NOT_PRINTABLE.sub("?", " ".join(text.split()))
+
+
+def comment_lines(note: str, column: int, width: int = LINE_LENGTH) -> str:
+    """``note`` as ``# ...`` comment text whose first line starts at ``column`` and no line passes ``width``
+    characters (yamllint's line-length); later lines are indented to ``column``. One very long word is cut."""
+    room = max(width - column - 2, 20)
+    parts = textwrap.wrap(note, room, break_long_words=True, break_on_hyphens=False) or [""]
+    return "\n".join(f"{' ' * column if index else ''}# {part}" for index, part in enumerate(parts))
 
 
 def latest_report(reports_dir: Path, host: str) -> Path:
@@ -110,8 +121,10 @@ def tune(report_path: Path, host_vars_path: Path) -> tuple[Decision, bool]:
         data[SPEC_TYPE] = TaggedScalar(spec_type, style='"', tag=UNSAFE_TAG)
         data[DRAFT_N_MAX] = draft_length(decision.chosen, "the chosen draft length", report_path)
         key, shown = DRAFT_N_MAX, str(data[DRAFT_N_MAX])
-    # two spaces before the comment (yamllint's rule), on the line of the key the decision set
-    data.yaml_add_eol_comment(f"# {note}", key, column=len(f"{key}: {shown}") + 2)
+    # two spaces before the comment (yamllint's rule), on the line of the key the decision set; a note longer than
+    # the line allows goes on in comment lines under it, at the same column (a re-tune replaces them all)
+    column = len(f"{key}: {shown}") + 2
+    data.yaml_add_eol_comment(comment_lines(note, column), key, column=column)
     mode = os.stat(host_vars_path).st_mode & 0o7777
     write_atomic(str(host_vars_path), lambda handle: yaml.dump(data, handle), mode)
     return decision, True

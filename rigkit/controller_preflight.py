@@ -6,6 +6,7 @@ the rig. Each problem names the inventory file to edit.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,7 +90,7 @@ def controller_preflight(
     )
     problems = [f"{where}: {problem} (controller preflight on the cached GGUF headers)" for problem in result.problems]
     memory = values.get("llama_server_container_memory_mib")
-    if result.estimate is not None and memory is not None and str(memory).strip().isdigit():
+    if result.estimate is not None and memory is not None and re.fullmatch(r"[0-9]+", str(memory).strip()):
         problems += [
             f"{sources.file_of('llama_server_container_memory_mib', memory)}: {problem} (controller preflight on the "
             "cached GGUF headers)"

@@ -21,12 +21,14 @@ from typing import Any
 
 from ansible.module_utils.http_client import HttpClientError, Response, UrlRefused, request, same_origin
 from ansible.module_utils.model_catalog import REVISION_RE
+from ansible.module_utils.printable import printable
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 USER_AGENT = "rigkit-pin/1"
 MAX_COMMITS = 500  # commits walked looking for a trusted sha256 (one paths-info request each)
 COMMITS_PER_PAGE = 100
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+MAX_COMMIT_PAGES = 50  # pages of the commit list followed at most (a page may hold fewer than it was asked for)
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _LINK_NEXT_RE = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
 
@@ -58,7 +60,10 @@ class CommitFile:
 
 
 class _ApiError(Exception):
+    """An HTTP error answer; its X-Error-Code and X-Error-Message are the server's text, kept printable."""
+
     def __init__(self, status: int, code: str, message: str) -> None:
+        code, message = printable(code, 100), printable(message, 300)
         super().__init__(f"HTTP {status} {code}: {message}")
         self.status = status
         self.code = code
@@ -121,11 +126,11 @@ class HubApi:
         if answer.status >= 400:
             raise _ApiError(answer.status, answer.header("X-Error-Code"), answer.header("X-Error-Message"))
         if not 200 <= answer.status < 300:
-            raise PinError(f"{url} answered HTTP {answer.status}; is --endpoint a Hugging Face API?")
+            raise PinError(f"{printable(url)} answered HTTP {answer.status}; is --endpoint a Hugging Face API?")
         try:
             return json.loads(answer.body or b"null"), answer
         except ValueError:
-            raise PinError(f"{url} did not answer JSON; is --endpoint a Hugging Face API?") from None
+            raise PinError(f"{printable(url)} did not answer JSON; is --endpoint a Hugging Face API?") from None
 
     def _get(self, url: str, repo: str, revision: str, *, data: bytes | None = None) -> tuple[Any, Response]:
         try:
@@ -137,7 +142,7 @@ class HubApi:
         """The commit a branch or tag points at now."""
         body, _ = self._get(f"{self._base(repo)}/revision/{urllib.parse.quote(ref, safe='')}", repo, ref)
         commit = body.get("sha") if isinstance(body, dict) else None
-        if not isinstance(commit, str) or not REVISION_RE.match(commit):
+        if not isinstance(commit, str) or not REVISION_RE.fullmatch(commit):
             raise PinError(f"the API did not give a commit for {repo} @ {ref}; pass the full 40-character commit")
         return commit
 
@@ -151,7 +156,7 @@ class HubApi:
             return None
         item = found[0]
         lfs = item.get("lfs")
-        if not isinstance(lfs, dict) or not SHA256_RE.match(str(lfs.get("oid", ""))):
+        if not isinstance(lfs, dict) or not SHA256_RE.fullmatch(str(lfs.get("oid", ""))):
             raise NotInLfsError(
                 f"{repo} : {filename} is not stored with Git LFS, so the API gives no sha256 for it; pin it by hand "
                 "(sha256sum of the file at that revision) in the catalog."
@@ -160,7 +165,7 @@ class HubApi:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise PinError(f"the API gave no usable size for {repo} : {filename} ({size!r})")
         commit = answer.header("X-Repo-Commit") or revision
-        return FileInfo(sha256=str(lfs["oid"]), size=size, commit=commit if REVISION_RE.match(commit) else revision)
+        return FileInfo(sha256=str(lfs["oid"]), size=size, commit=commit if REVISION_RE.fullmatch(commit) else revision)
 
     def lookup_file(self, repo: str, revision: str, filename: str) -> FileInfo:
         """Like file_at, but a missing file is an error that says what to check."""
@@ -175,28 +180,51 @@ class HubApi:
     def commits(self, repo: str, ref: str, limit: int = MAX_COMMITS) -> Iterator[dict[str, str]]:
         """The commits of ``ref``, newest first: ``{"id", "date", "title"}`` (``/commits/{ref}``, Link pagination).
 
-        A ``next`` page on another origin than the endpoint is refused (the token would follow it).
+        A ``next`` page on another origin than the endpoint is refused (the token would follow it), and so is one
+        already fetched (a page pointing at itself, or any cycle) and a walk longer than ``MAX_COMMIT_PAGES``.
+        Titles and dates are the server's text, made printable.
         """
         url: str | None = f"{self._base(repo)}/commits/{urllib.parse.quote(ref, safe='')}?limit={COMMITS_PER_PAGE}"
         given = 0
+        fetched: set[str] = set()
         while url is not None and given < limit:
+            if url in fetched:
+                raise PinError(
+                    f"the commit list of {repo} @ {ref} points its next page back at a page already read "
+                    f"({printable(url, 300)}): the endpoint's pagination loops. Pin a commit directly "
+                    "(revision=COMMIT) or check --endpoint"
+                )
+            if len(fetched) >= MAX_COMMIT_PAGES:
+                raise PinError(
+                    f"the commit list of {repo} @ {ref} still has a next page after {MAX_COMMIT_PAGES} pages "
+                    f"({given} commits; next {printable(url, 300)}): stopping. Pin a commit directly (revision=COMMIT)"
+                )
+            fetched.add(url)
             body, answer = self._get(url, repo, ref)
             if not isinstance(body, list):
                 raise PinError(f"the commit list of {repo} @ {ref} is not a list; is --endpoint a Hugging Face API?")
             for item in body:
                 commit = item.get("id") if isinstance(item, dict) else None
-                if not isinstance(commit, str) or not REVISION_RE.match(commit):
+                if not isinstance(commit, str) or not REVISION_RE.fullmatch(commit):
                     raise PinError(
-                        f"the commit list of {repo} @ {ref} holds an entry without a commit id: {item!r:.200}"
+                        f"the commit list of {repo} @ {ref} holds an entry without a commit id: "
+                        f"{printable(repr(item), 200)}"
                     )
-                yield {"id": commit, "date": str(item.get("date") or ""), "title": str(item.get("title") or "")}
+                yield {
+                    "id": commit,
+                    "date": printable(item.get("date") or "", 40),
+                    "title": printable(item.get("title") or "", 200),
+                }
                 given += 1
                 if given >= limit:
                     return
             link = _LINK_NEXT_RE.search(answer.header("Link"))
             url = urllib.parse.urljoin(answer.url, link[1]) if link else None
             if url is not None and not same_origin(url, self.endpoint):
-                raise PinError(f"the commit list of {repo} points its next page at another host ({url}); refusing it")
+                raise PinError(
+                    f"the commit list of {repo} points its next page at another host ({printable(url, 300)}); "
+                    "refusing it (the token would follow it): check --endpoint"
+                )
 
     def find_commit_with(
         self, repo: str, ref: str, filename: str, sha256: str, limit: int = MAX_COMMITS

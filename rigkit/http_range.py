@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 MAX_RANGE_DIGITS = 19  # more digits than any file size: answered 416
-_RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE_RE = re.compile(r"^bytes=([0-9]*)-([0-9]*)\Z")  # ASCII digits: \d also takes '٣', which int() reads as 3
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class RangeAnswer:
 
 def wanted_range(header: str | None, size: int) -> tuple[int, int] | bool | None:
     """(start, end_exclusive); None: no usable Range (send everything); False: unsatisfiable."""
-    match = _RANGE_RE.match((header or "").strip())
+    match = _RANGE_RE.fullmatch((header or "").strip())
     if not match or (not match[1] and not match[2]):
         return None
     if len(match[1]) > MAX_RANGE_DIGITS or len(match[2]) > MAX_RANGE_DIGITS:

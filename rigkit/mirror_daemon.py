@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import secrets
 import select
 import signal
@@ -156,7 +157,7 @@ def mirror(args: argparse.Namespace) -> int:
         ready, _, _ = select.select([ready_r], [], [], MIRROR_START_TIMEOUT_S)
         if ready:
             line = os.read(ready_r, 64).decode().strip()
-            port = int(line) if line.isdigit() else None
+            port = int(line) if re.fullmatch(r"[0-9]{1,5}", line) else None
     finally:
         os.close(ready_r)
     if port is None:

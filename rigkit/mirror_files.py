@@ -12,13 +12,13 @@ import re
 import stat
 import urllib.parse
 
-_RESOLVE_RE = re.compile(r"^/[^/]+/[^/]+/resolve/[^/]+/.+$")
+_RESOLVE_RE = re.compile(r"^/[^/]+/[^/]+/resolve/[^/]+/.+\Z")
 
 
 def url_parts(url_path: str) -> list[str] | None:
     """The components of a servable ``/<owner>/<repo>/resolve/<revision>/<file>`` path, or None."""
     path = urllib.parse.unquote(url_path)
-    if "\x00" in path or "\\" in path or not _RESOLVE_RE.match(path):
+    if "\x00" in path or "\\" in path or not _RESOLVE_RE.fullmatch(path):
         return None
     parts = path[1:].split("/")
     if any(part in ("", ".", "..") or part.startswith(".") for part in parts) or parts[-1].endswith(".part"):

@@ -73,6 +73,29 @@ def escape_log(text: str) -> str:
     return escaped.encode("ascii", "backslashreplace").decode("ascii")
 
 
+def _is_wildcard(address: str) -> bool:
+    """True for every spelling of "all interfaces" a socket API accepts: empty, an unspecified IPv4 or IPv6
+    address (``::0``, ``[::]``, ``::%eth0``), an IPv4-mapped one (``::ffff:0.0.0.0``) and inet_aton's short or
+    odd forms that decode to 0.0.0.0 (``0``, ``0.0``, ``00``, ``0x0``)."""
+    text = address.strip()
+    text = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if not text:
+        return True
+    try:
+        parsed = ipaddress.ip_address(text)
+    except ValueError:
+        pass
+    else:
+        mapped = parsed.ipv4_mapped if isinstance(parsed, ipaddress.IPv6Address) else None
+        return parsed.is_unspecified or (mapped is not None and mapped.is_unspecified)
+    if ":" in text:
+        return False
+    try:
+        return socket.inet_aton(text) == bytes(4)
+    except (OSError, ValueError):  # a host name, or not an IPv4 spelling at all
+        return False
+
+
 def _is_loopback(address: str) -> bool:
     try:
         return ipaddress.ip_address(address).is_loopback
@@ -288,10 +311,10 @@ class ModelMirror:
         if not binds:
             raise MirrorError("no address to listen on: give the controller address the rigs reach")
         for address in binds:
-            if address in ("", "0.0.0.0", "::"):  # noqa: S104 - naming the wildcard to refuse it
+            if _is_wildcard(address):
                 raise MirrorError(
-                    f"refusing to listen on every interface ({address or 'empty'}): bind the addresses the rigs "
-                    "reach (models_controller_address; 127.0.0.1 for rigs on this machine)"
+                    f"refusing to listen on every interface ({address!r} means all of them): bind the addresses the "
+                    "rigs reach (models_controller_address; 127.0.0.1 for rigs on this machine)"
                 )
         if secret is not None and (len(secret) < 16 or not re.fullmatch(r"[A-Za-z0-9_-]+", secret)):
             raise MirrorError("the mirror's secret must be 16 or more URL-safe characters ([A-Za-z0-9_-])")
@@ -335,6 +358,12 @@ class ModelMirror:
                 except OSError as exc:
                     hint = "pick another port" if exc.errno == errno.EADDRINUSE else "check the bind address"
                     raise MirrorError(f"cannot listen on {address}:{wanted}: {exc.strerror or exc}; {hint}") from None
+                if _is_wildcard(str(server.server_address[0])):  # a name that resolved to "every interface"
+                    server.server_close()
+                    raise MirrorError(
+                        f"refusing to listen on every interface ({address!r} resolved to "
+                        f"{server.server_address[0]}): bind the addresses the rigs reach by number"
+                    )
                 server.mirror = self
                 server.slots = slots
                 self._servers.append(server)

@@ -148,7 +148,7 @@ def pin_entry(
     trusted = str(entry.get("sha256") or "")
     resolved_from = None
     walked = 0
-    if SHA256_RE.match(trusted) and not force:
+    if SHA256_RE.fullmatch(trusted) and not force:
         found, seen = api.find_commit_with(repo, ref, filename, trusted, limit=max_commits)
         walked = len(seen)
         if found is None:
@@ -165,7 +165,7 @@ def pin_entry(
         resolved_from = None if ref == found.commit else ref
     else:
         commit = ref
-        if not REVISION_RE.match(ref):
+        if not REVISION_RE.fullmatch(ref):
             resolved_from = ref
             commit = api.resolve_revision(repo, ref)
         info = api.lookup_file(repo, commit, filename)

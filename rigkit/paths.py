@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from pathlib import Path
 
 from rigkit import REPO
@@ -19,6 +21,49 @@ RIGKIT_BIN = REPO / "bin" / "rigkit"
 def cache_dir() -> Path:
     """The controller's cache: $RIGKIT_CACHE_DIR, else /var/cache/rigkit (as inventory/group_vars/all resolves it)."""
     return Path(os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit")
+
+
+def image_lock() -> Path:
+    """The lock `make image` holds while it builds ($IMAGE_LOCK, else <cache>/run/llamacpp-image.lock, as the
+    Makefile sets it): in a directory of the kit's own, never in a world-writable one such as /run/lock, where
+    any local user could hold the lock, or plant the file so that `make image` cannot open it."""
+    return Path(os.environ.get("IMAGE_LOCK") or cache_dir() / "run" / "llamacpp-image.lock")
+
+
+class UnsafeDirectoryError(Exception):
+    """A directory for the kit's locks is not private to this user; the message says what to change."""
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a directory only this user can change: created with mode 0700 (parents as the umask allows)
+    when missing; refused when it is a symlink, not a directory, owned by another user, or writable by group or
+    others, or when its parent is writable by others without the sticky bit (the directory could be replaced)."""
+    where = Path(os.path.abspath(os.fspath(path)))
+    where.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(where, 0o700)
+    info = os.lstat(where)
+    elsewhere = "or set IMAGE_LOCK to a file in a directory of your own"
+    if not stat.S_ISDIR(info.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a directory"
+        raise UnsafeDirectoryError(f"{where} is {kind}: remove it and re-run ({elsewhere})")
+    if info.st_uid != os.geteuid():
+        raise UnsafeDirectoryError(
+            f"{where} belongs to uid {info.st_uid}, not to this user ({os.geteuid()}): another user could hold or "
+            f"replace the lock in it; remove it and re-run as the kit's user ({elsewhere})"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeDirectoryError(
+            f"{where} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}): any of them could hold or "
+            f"replace the lock in it; run chmod 0700 {where} ({elsewhere})"
+        )
+    parent = os.stat(where.parent)
+    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
+        raise UnsafeDirectoryError(
+            f"{where.parent} is writable by everyone without the sticky bit: anyone could replace {where.name} in "
+            "it; set RIGKIT_CACHE_DIR (or IMAGE_LOCK) to a directory of your own"
+        )
+    return where
 
 
 def inventory_sources() -> list[str]:

@@ -170,14 +170,14 @@ def _check_range(report: Report, name: str, value: Any) -> None:
 
 def _check_gpu_layers(report: Report, name: str, value: Any) -> None:
     text = str(value).strip().lower()
-    if isinstance(value, bool) or not (text in ("all", "auto") or (text.isdigit())):
+    if isinstance(value, bool) or not (text in ("all", "auto") or re.fullmatch(r"[0-9]+", text)):
         report.add(name, value, 'expected "all", "auto" or a number of layers >= 0')
 
 
 def _check_container_limits(report: Report, values: Mapping[str, Any]) -> None:
     memory = values.get("llama_server_container_memory_mib")
     if memory is not None and str(memory).strip().lower() != "auto":
-        number = memory if _is_int(memory) else (int(memory) if str(memory).strip().isdigit() else None)
+        number = memory if _is_int(memory) else (int(memory) if re.fullmatch(r"[0-9]+", str(memory).strip()) else None)
         if number is None or number < MIN_CONTAINER_MEMORY_MIB:
             report.add(
                 "llama_server_container_memory_mib",
@@ -201,7 +201,7 @@ def _check_container_limits(report: Report, values: Mapping[str, Any]) -> None:
                     "rig's LAN address (with llama_server_api_key), or leave the allow-list empty",
                 )
     size = values.get("llama_server_container_log_max_size")
-    if size is not None and not LOG_SIZE_RE.match(str(size)):
+    if size is not None and not LOG_SIZE_RE.fullmatch(str(size)):
         report.add(
             "llama_server_container_log_max_size", size, "expected a size such as 10m (a number, then k, m or g)"
         )
@@ -217,7 +217,7 @@ def _check_rig_gpu(report: Report, rig_gpu: Any) -> None:
             "rig_gpu", vram, "expected the GPU's memory in MiB, a positive integer such as 8192", field="vram_mib"
         )
     capability = rig_gpu.get("compute_capability")
-    if not isinstance(capability, str) or not COMPUTE_CAPABILITY_RE.match(capability):
+    if not isinstance(capability, str) or not COMPUTE_CAPABILITY_RE.fullmatch(capability):
         report.add(
             "rig_gpu",
             capability,
@@ -323,16 +323,16 @@ def _check_models(report: Report, rig: str, values: Mapping[str, Any], catalog: 
 def _check_image_inputs(report: Report, values: Mapping[str, Any]) -> None:
     """The llama.cpp image's inputs the inventory sets (the roles' own defaults are pinned in the repo)."""
     commit = values.get("llamacpp_image_commit")
-    if isinstance(commit, str) and not COMMIT_RE.match(commit):
+    if isinstance(commit, str) and not COMMIT_RE.fullmatch(commit):
         report.add("llamacpp_image_commit", commit, "expected a full 40-character llama.cpp commit (lowercase hex)")
     tarball = values.get("llamacpp_image_source") == "tarball"
     sha256 = values.get("llamacpp_image_source_sha256")
-    if tarball and isinstance(sha256, str) and not SHA256_RE.match(sha256):
+    if tarball and isinstance(sha256, str) and not SHA256_RE.fullmatch(sha256):
         report.add("llamacpp_image_source_sha256", sha256, "expected the tarball's sha256 (64 lowercase hex digits)")
     if tarball and values.get("llamacpp_image_source_url") == "":
         report.add("llamacpp_image_source_url", "", "a tarball source needs the tarball's URL")
     architectures = values.get("llamacpp_image_cuda_architectures")
-    if isinstance(architectures, str) and not CUDA_ARCHITECTURES_RE.match(architectures):
+    if isinstance(architectures, str) and not CUDA_ARCHITECTURES_RE.fullmatch(architectures):
         report.add(
             "llamacpp_image_cuda_architectures",
             architectures,
@@ -354,7 +354,7 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
     if values.get("rig_kind") == "gpu" and "rig_gpu" in values:
         _check_rig_gpu(report, values["rig_gpu"])
     branch, version = values.get("nvidia_driver_branch"), values.get("nvidia_driver_version")
-    if isinstance(version, str) and not DRIVER_VERSION_RE.match(version):
+    if isinstance(version, str) and not DRIVER_VERSION_RE.fullmatch(version):
         report.add("nvidia_driver_version", version, "expected an exact driver version such as 535.261.03")
     elif isinstance(version, str) and isinstance(branch, str) and version.split(".")[0] != branch:
         report.add(

@@ -109,12 +109,12 @@ RUNTIME_PREFIXES = ("models_fleet_", "models_molecule_")
 
 # rig_gpu's fields (a GPU rig's inventory).
 RIG_GPU_FIELDS = ("name", "vram_mib", "compute_capability", "headless", "pci_device_id")
-COMPUTE_CAPABILITY_RE = re.compile(r"^[0-9]+\.[0-9]$")
+COMPUTE_CAPABILITY_RE = re.compile(r"^[0-9]+\.[0-9]\Z")
 # The llama.cpp image's inputs (roles/llamacpp_image/tasks/tag.yml asserts the same on the effective values).
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-CUDA_ARCHITECTURES_RE = re.compile(r"^[0-9]+(-real|-virtual)?(;[0-9]+(-real|-virtual)?)*$")
-DRIVER_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
+CUDA_ARCHITECTURES_RE = re.compile(r"^[0-9]+(-real|-virtual)?(;[0-9]+(-real|-virtual)?)*\Z")
+DRIVER_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?\Z")
 
 # Integer ranges the specs' types cannot say: (lowest, highest or None, what is accepted).
 PORT = (1, 65535, "a port 1-65535")
@@ -168,5 +168,5 @@ RANGES: dict[str, tuple[int, int | None, str]] = {
 }
 GPU_LAYER_VARIABLES = ("llama_server_gpu_layers", "llama_server_gpu_layers_draft")
 # docker's --log-opt max-size: a number and a unit (k, m, g).
-LOG_SIZE_RE = re.compile(r"^[1-9][0-9]{0,5}[kmg]$")
+LOG_SIZE_RE = re.compile(r"^[1-9][0-9]{0,5}[kmg]\Z")
 MIN_CONTAINER_MEMORY_MIB = 256

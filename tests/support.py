@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from rigkit.paths import cache_dir
+from rigkit.paths import cache_dir, image_lock
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -194,7 +194,7 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-IMAGE_LOCK = Path(os.environ.get("IMAGE_LOCK", "/run/lock/rigkit-llamacpp-image.lock"))
+IMAGE_LOCK = image_lock()  # the Makefile's IMAGE_LOCK: <cache>/run/llamacpp-image.lock unless set
 
 
 def wait_for_image_build(timeout: float = 3600.0) -> float:

@@ -11,8 +11,8 @@ import sys
 from rigkit import REPO
 from rigkit.paths import CATALOG
 
-HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-ADDRESS_RE = re.compile(r"^[A-Za-z0-9_\[][A-Za-z0-9_.:%\[\]-]*$")  # a host, IPv4/IPv6 or container name
+HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+ADDRESS_RE = re.compile(r"^[A-Za-z0-9_\[][A-Za-z0-9_.:%\[\]-]*\Z")  # a host, IPv4/IPv6 or container name
 DISCOVER_TIMEOUT_S = 60
 
 
@@ -66,10 +66,10 @@ def discover(args: argparse.Namespace) -> int:
     kind = "cpu" if args.address.startswith("docker:") else "gpu"
     group = "sandbox_rigs" if kind == "cpu" else "gpu_rigs"
     try:
-        if not HOST_NAME_RE.match(args.name):
+        if not HOST_NAME_RE.fullmatch(args.name):
             raise DiscoverError(f"host name {args.name!r}: use letters, digits, '-' and '_' (it names a file)")
         target = args.address.split(":", 1)[1] if kind == "cpu" else args.address
-        if not ADDRESS_RE.match(target) or (args.user is not None and not ADDRESS_RE.match(args.user)):
+        if not ADDRESS_RE.fullmatch(target) or (args.user is not None and not ADDRESS_RE.fullmatch(args.user)):
             raise DiscoverError(
                 f"address {args.address!r} / user {args.user!r}: give a host name or IP address (or "
                 "docker:CONTAINER) and a login name, without spaces or a leading '-'"

@@ -1,4 +1,5 @@
-"""`rigkit hosts` and `rigkit check-host`: which rigs the inventory names (make's host= guard)."""
+"""`rigkit hosts` and `rigkit check-host`: which rigs the inventory names (make's host= guard); `rigkit lock-dir`:
+the private directory make's locks live in."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import os
 import sys
 
-from rigkit.paths import inventory_sources
+from rigkit.paths import UnsafeDirectoryError, inventory_sources, private_dir
 
 
 def known_rigs() -> list[str]:
@@ -43,9 +44,28 @@ def check_host(name: str) -> int:
     return 0
 
 
+def lock_dir(path: str) -> int:
+    try:
+        private_dir(path)
+    except UnsafeDirectoryError as exc:
+        print(f"rigkit: refusing the lock directory: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            f"rigkit: cannot create the lock directory {path}: {exc.strerror or exc}; run as the user that owns the "
+            "kit's cache (root on a rig-building controller) or set RIGKIT_CACHE_DIR to a directory you own",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     check = commands.add_parser("check-host", help="fail unless NAME (or a comma list) names rigs of the inventory")
     check.add_argument("name")
     check.set_defaults(func=lambda args: check_host(args.name))
     hosts = commands.add_parser("hosts", help="list the rigs")
     hosts.set_defaults(func=lambda _args: print("\n".join(known_rigs())) or 0)
+    lock = commands.add_parser("lock-dir", help="create DIR mode 0700 (or check it is private) for make's locks")
+    lock.add_argument("path")
+    lock.set_defaults(func=lambda args: lock_dir(args.path))

@@ -101,7 +101,26 @@ def test_several_addresses_share_one_port(tree: Path) -> None:
         ModelMirror(tree, bind=["127.0.0.1", "0.0.0.0"])
 
 
-@pytest.mark.parametrize("bind", ["0.0.0.0", "::", ""])
+@pytest.mark.parametrize(
+    "bind",
+    [
+        "0.0.0.0",
+        "::",
+        "",
+        # spellings a socket API also takes for "every interface" (inet_aton's short forms, IPv6 forms)
+        "0",
+        "0.0",
+        "0.0.0",
+        "00",
+        "0x0",
+        " 0.0.0.0 ",
+        "::0",
+        "0:0:0:0:0:0:0:0",
+        "[::]",
+        "::ffff:0.0.0.0",
+        "::ffff:0:0",
+    ],
+)
 def test_wildcard_bind_is_refused(tree: Path, bind: str) -> None:
     with pytest.raises(MirrorError, match="every interface"):
         ModelMirror(tree, bind=bind, secret=SECRET, allow=[])
