@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 from ansible.module_utils.gguf_metadata import GgufMetadata, GgufTensorInfo, GgufValueType
-from ansible.module_utils.nvidia_compat import DRIVER_PINS, open_modules_problem
+from ansible.module_utils.nvidia_compat import DRIVER_PINS, compute_capability, open_modules_problem
 from ansible.module_utils.server_preflight import estimate_memory, largest_fitting_ctx
 
 from rigkit.rig_facts import (
@@ -48,10 +48,9 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------------------------- driver plans
-# What each supported OS carries that installs and builds today: module_utils/nvidia_compat.py (the same pins the
-# roles, the validation and the inventory use). Every branch there serves Maxwell (5.0) and newer, and the
-# llama.cpp image's CUDA 12 runtime (which wants >= 535).
-DRIVER_PLANS = DRIVER_PINS
+# What each supported OS carries that installs and builds today: DRIVER_PINS (module_utils/nvidia_compat.py, the
+# same pins the roles, the validation and the inventory use). Every branch there serves Maxwell (5.0) and newer,
+# and the llama.cpp image's CUDA 12 runtime (which wants >= 535).
 MIN_COMPUTE_CAPABILITY = (5, 0)  # Maxwell: the oldest these branches and CUDA 12 support
 
 # ---------------------------------------------------------------------------------------------- rig classes
@@ -72,7 +71,7 @@ RIG_CLASSES: tuple[tuple[int, str, tuple[str, str, str], int], ...] = (
 CPU_PAIR = ("gemma-3-270m-it-q4_k_m", "gemma-3-270m-it-q4_k_m", "off")
 CPU_DRAFT_N = 4
 DEFAULT_MAX_CTX = {"gpu": 8192, "cpu": 2048}  # the seed article's context; the sandbox's
-SUPPORTED = ", ".join(f"{d.capitalize()} {v}" for d, v in DRIVER_PLANS)
+SUPPORTED = ", ".join(f"{d.capitalize()} {v}" for d, v in DRIVER_PINS)
 
 
 # ---------------------------------------------------------------------------------------------- memory model
@@ -126,11 +125,6 @@ class Profile:
     comments: dict[str, str]
     warnings: list[str] = field(default_factory=list)
     headline: str = ""
-
-
-def _cc(value: str) -> tuple[int, int]:
-    major, _, minor = value.partition(".")
-    return int(major), int(minor or 0)
 
 
 def _choose_gpu(facts: Facts, vram_override: int | None) -> Gpu:
@@ -211,7 +205,7 @@ def plan_profile(
     warnings: list[str] = list(facts.notes)
     values: dict[str, Any] = {}
     comments: dict[str, str] = {}
-    if facts.os_id not in ("debian", "ubuntu") or (facts.os_id, facts.os_version) not in DRIVER_PLANS:
+    if facts.os_id not in ("debian", "ubuntu") or (facts.os_id, facts.os_version) not in DRIVER_PINS:
         raise DiscoverError(
             f"the machine runs {facts.os_pretty or 'an unknown system'} (ID={facts.os_id or '?'}, VERSION_ID="
             f"{facts.os_version or '?'}); the kit provisions {SUPPORTED}: install one of those, then run make "
@@ -246,12 +240,12 @@ def plan_profile(
                 "all of them with llama.cpp's default split"
             )
         assert gpu.vram_mib is not None
-        if _cc(gpu.compute_capability) < MIN_COMPUTE_CAPABILITY:
+        if (compute_capability(gpu.compute_capability) or (0, 0)) < MIN_COMPUTE_CAPABILITY:
             raise DiscoverError(
                 f"{gpu.name} has compute capability {gpu.compute_capability}; the drivers the kit installs and the "
                 "llama.cpp image's CUDA 12 need 5.0 (Maxwell) or newer: use a newer card"
             )
-        pin = DRIVER_PLANS[(facts.os_id, facts.os_version)]
+        pin = DRIVER_PINS[(facts.os_id, facts.os_version)]
         branch, version, driver_source = pin.branch, pin.version, pin.source
         values["rig_gpu"] = {
             "name": gpu.name,
