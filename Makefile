@@ -15,10 +15,10 @@ VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle
+.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 setup: $(VENV)/.installed $(VENV)/.rigkit-path ## create the pinned virtualenv (idempotent)
 
@@ -98,6 +98,12 @@ lint: setup ## ansible-lint (production), yamllint, ruff, playbook syntax check
 
 gpu-bundle: setup ## .device/ for tests/gpu/run.sh on a GPU machine: verified llama.cpp source, wheels, models
 	$(BIN)/python tests/gpu/make_bundle.py bundle
+
+proofs: setup ## run every heavy proof (DKMS builds...) and write its receipt under reports/proofs/ (make test checks them)
+	$(BIN)/python bin/rigkit proof $$($(BIN)/python bin/rigkit proof --list | cut -d' ' -f1 | sed 's/^proof-//')
+
+proof-%: setup ## one heavy proof and its receipt: make proof-NAME (rigkit proof --list names them)
+	$(BIN)/python bin/rigkit proof '$*'
 
 clean: ## remove the virtualenv and caches (rigs are untouched)
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -120,47 +120,6 @@ def run(
     return Run(argv=argv, returncode=proc.returncode, output=proc.stdout, results=parsed)
 
 
-@dataclass
-class BackgroundRun:
-    """A long command started now and collected later, its output in .artifacts/<log_name>.log as it runs."""
-
-    argv: list[str]
-    log: Path
-    process: subprocess.Popen
-
-    @classmethod
-    def start(cls, argv: list[str], *, cwd: Path, log_name: str, **env: str) -> BackgroundRun:
-        ARTIFACTS.mkdir(exist_ok=True)
-        log = ARTIFACTS / f"{log_name}.log"
-        with log.open("w") as out:
-            process = subprocess.Popen(
-                argv, cwd=cwd, env=kit_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        return cls(argv=argv, log=log, process=process)
-
-    def wait(self, timeout: float) -> Run:
-        try:
-            code = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            code = 124
-        return Run(argv=self.argv, returncode=code, output=self.log.read_text(errors="replace"))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            import signal
-
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-
-
-# Background runs of this pytest session by name (tests/integration/conftest.py starts them, their test collects).
-BACKGROUND: dict[str, BackgroundRun] = {}
-
-
 def recap(output: str) -> dict[str, dict[str, int]]:
     """PLAY RECAP counters per host (the last recap when a run printed several)."""
     counters: dict[str, dict[str, int]] = {}

@@ -23,6 +23,8 @@ rigkit sandbox-hub --root DIR [--only NAME,...]
                          lay out the sandbox rigs' models (the embedded default's stand-in Hugging Face)
 rigkit discover NAME ADDRESS [--user USER] [--force] [--vram MIB] [--max-ctx N]
                          read a machine (SSH, or docker:CONTAINER for a sandbox rig), write its host profile
+rigkit proof NAME | --list | --check
+                         run a heavy proof and write its receipt (reports/proofs/), or check every receipt
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ from __future__ import annotations
 import argparse
 
 from rigkit import mirror_daemon
-from rigkit.cli import bench, discover, fleet, inventory, pin
+from rigkit.cli import bench, discover, fleet, inventory, pin, proof
 from rigkit.sandbox import hub
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rigkit", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (inventory, pin, mirror_daemon, hub, bench, fleet, discover):
+    for module in (inventory, pin, mirror_daemon, hub, bench, fleet, discover, proof):
         module.register(commands)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -1,0 +1,114 @@
+"""Heavy proofs run by their make target, not by make test: here each receipt is checked against the tree."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rigkit import REPO, proofs
+
+DKMS = proofs.proof("nvidia-driver-dkms-debian12")
+
+
+@pytest.mark.parametrize("item", proofs.PROOFS, ids=[item.name for item in proofs.PROOFS])
+def test_every_proof_has_a_passing_receipt_made_from_the_current_inputs(item):
+    problem = proofs.receipt_problem(item)
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize("item", proofs.PROOFS, ids=[item.name for item in proofs.PROOFS])
+def test_a_receipt_records_what_a_reader_needs(item):
+    assert item.receipt.is_file(), proofs.receipt_problem(item)
+    receipt = json.loads(item.receipt.read_text())
+    assert receipt["make_target"] == item.make_target and receipt["wall_s"] > 0
+    assert len(receipt["decisive_lines"]) >= item.decisive_min, receipt["decisive_lines"]
+    assert receipt["machine"]["cpus"] and receipt["machine"]["kernel"], receipt["machine"]
+
+
+def copy_inputs(item: proofs.Proof, root: Path) -> None:
+    for relative in proofs.input_files(item):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / relative, root / relative)
+    for relative in ("library", "filter_plugins", "module_utils"):
+        for path in (REPO / relative).glob("*.py"):
+            (root / relative).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, root / relative / path.name)
+    (root / "reports" / "proofs").mkdir(parents=True)
+
+
+def write_receipt(item: proofs.Proof, root: Path, **changes) -> None:
+    inputs = proofs.input_digests(item, root)
+    receipt = {"result": "passed", "inputs_digest": proofs.digest_of(inputs), "inputs": inputs, **changes}
+    (root / "reports" / "proofs" / f"{item.name}.json").write_text(json.dumps(receipt))
+
+
+def test_the_dkms_proofs_inputs_are_the_role_its_scenario_and_the_code_it_runs():
+    files = proofs.input_files(DKMS)
+    assert "roles/nvidia_driver/molecule/dkms/molecule.yml" in files
+    assert "roles/nvidia_driver/vars/Debian.yml" in files
+    # found by reading the role: the module its tasks call, the filters its tasks use, what those import
+    assert "library/nvidia_kernel_modules.py" in files and "module_utils/nvidia_kernels.py" in files
+    assert "filter_plugins/nvidia_driver.py" in files and "module_utils/nvidia_compat.py" in files
+    assert "docker/rig/Dockerfile" in files
+    # what does not shape it: the role's other scenarios, its README, other roles' code
+    assert "roles/nvidia_driver/molecule/default/molecule.yml" not in files
+    assert not any(name.endswith(".md") for name in files)
+    assert "library/gguf_fetch.py" not in files and "module_utils/fetch_http.py" not in files
+
+
+def test_changing_a_pinned_input_makes_the_receipt_stale_and_names_the_target(tmp_path):
+    copy_inputs(DKMS, tmp_path)
+    write_receipt(DKMS, tmp_path)
+    assert proofs.receipt_problem(DKMS, tmp_path) is None
+
+    scenario = tmp_path / "roles/nvidia_driver/molecule/dkms/molecule.yml"
+    scenario.write_text(scenario.read_text().replace('"535.309.01"', '"535.309.02"'))
+    problem = proofs.receipt_problem(DKMS, tmp_path)
+    assert problem and "roles/nvidia_driver/molecule/dkms/molecule.yml" in problem
+    assert "make proof-nvidia-driver-dkms-debian12" in problem
+
+
+def test_a_change_to_shared_code_the_role_imports_makes_the_receipt_stale(tmp_path):
+    copy_inputs(DKMS, tmp_path)
+    write_receipt(DKMS, tmp_path)
+    shared = tmp_path / "module_utils/nvidia_kernels.py"
+    shared.write_text(shared.read_text() + "\n# changed\n")
+    assert "module_utils/nvidia_kernels.py changed" in proofs.receipt_problem(DKMS, tmp_path)
+    # a module_utils file the role never imports does not
+    write_receipt(DKMS, tmp_path)
+    other = tmp_path / "module_utils/fetch_http.py"
+    other.write_text(other.read_text() + "\n# changed\n")
+    assert proofs.receipt_problem(DKMS, tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"result": "failed"}, "records a failed proof"),
+        ({"inputs": {}}, "was made from other inputs"),
+        ({"inputs_digest": "0" * 64}, "was made from other inputs"),
+    ],
+)
+def test_a_failed_or_forged_receipt_is_refused(tmp_path, changes, expected):
+    copy_inputs(DKMS, tmp_path)
+    write_receipt(DKMS, tmp_path, **changes)
+    problem = proofs.receipt_problem(DKMS, tmp_path)
+    assert problem and expected in problem and DKMS.make_target in problem
+
+
+def test_a_missing_or_unreadable_receipt_names_the_target(tmp_path):
+    copy_inputs(DKMS, tmp_path)
+    assert "is missing: run `make proof-nvidia-driver-dkms-debian12`" in proofs.receipt_problem(DKMS, tmp_path)
+    (tmp_path / "reports/proofs" / f"{DKMS.name}.json").write_text("{not json")
+    assert "cannot be read" in proofs.receipt_problem(DKMS, tmp_path)
+
+
+def test_proof_scenarios_are_left_out_of_make_tests_molecule_runs():
+    from tests.integration import test_molecule
+
+    assert ("nvidia_driver", "dkms") in proofs.PROOF_SCENARIOS
+    assert ("nvidia_driver", "dkms") not in test_molecule.SCENARIOS
+    assert ("nvidia_driver", "default") in test_molecule.SCENARIOS
