@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from ansible.module_utils.gguf_metadata import GgufMetadata, GgufTensorInfo, GgufValueType
+from ansible.module_utils.gguf_metadata import GgufMetadata
 from ansible.module_utils.nvidia_compat import DRIVER_PINS, compute_capability, open_modules_problem
 from ansible.module_utils.server_preflight import estimate_memory, largest_fitting_ctx
 
+from rigkit.catalog_shape import MissingShape
+from rigkit.catalog_shape import catalog_meta as shape_meta
 from rigkit.rig_facts import (
     COMPUTE_CAPABILITY_RE,
     GPU_NAME_RE,
@@ -76,41 +78,11 @@ SUPPORTED = ", ".join(f"{d.capitalize()} {v}" for d, v in DRIVER_PINS)
 
 # ---------------------------------------------------------------------------------------------- memory model
 def catalog_meta(name: str, entry: dict[str, Any]) -> GgufMetadata:
-    """An in-memory GGUF header for a catalog entry, from its `shape:` facts, for server_preflight.
-
-    The keys are the GGUF's own (``<arch>.block_count``...). The weights are two tensors of the entry's byte
-    totals: ``output.weight`` holds what ``-ngl all`` puts on the GPU, ``token_embd.weight`` what stays in host
-    memory (the input embeddings), so the estimate is exact for every layer on the GPU and for the CPU (all of
-    them in RAM), the two placements discover plans.
-    """
-    shape = entry.get("shape")
-    arch = entry.get("architecture")
-    if not isinstance(shape, dict) or not arch or not {"weights_bytes", "gpu_weights_bytes"} <= set(shape):
-        raise DiscoverError(
-            f"catalog entry {name} lacks shape facts (shape: with weights_bytes and gpu_weights_bytes, in "
-            "inventory/group_vars/all/model_catalog.yml): add its GGUF header facts there (see the other entries) "
-            "so discover can size its context"
-        )
-    kv: dict[str, Any] = {"general.architecture": arch}
-    for key, value in shape.items():
-        if key not in ("weights_bytes", "gpu_weights_bytes"):
-            kv[f"{arch}.{key}"] = value
-    total, gpu = int(shape["weights_bytes"]), int(shape["gpu_weights_bytes"])
-    tensors = [GgufTensorInfo("output.weight", (gpu,), 24, 0)]  # ggml type 24: I8, one byte per element
-    if total > gpu:
-        tensors.append(GgufTensorInfo("token_embd.weight", (total - gpu,), 24, gpu))
-    return GgufMetadata(
-        path=f"{name} (catalog shape)",
-        version=3,
-        tensor_count=len(tensors),
-        kv=kv,
-        kv_types={
-            key: GgufValueType.STRING if isinstance(value, str) else GgufValueType.UINT32 for key, value in kv.items()
-        },
-        file_size=total,
-        tensors=tensors,
-        data_offset=0,
-    )
+    """The entry's shape facts as a GGUF header (rigkit/catalog_shape.py); discover says why it needs them."""
+    try:
+        return shape_meta(name, entry)
+    except MissingShape as exc:
+        raise DiscoverError(f"{exc} so discover can size its context") from None
 
 
 # ---------------------------------------------------------------------------------------------- profile

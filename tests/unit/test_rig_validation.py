@@ -437,6 +437,56 @@ def test_memory_misfit_is_refused_on_the_controller_before_contact(tmp_path, rec
     assert "roomy: UNREACHABLE" in roomy.output and re.search(r"\[Makefile:\d+: check\] Error 4$", roomy.output, re.M)
 
 
+def _pin_in_copy(inventory: Path, *names: str) -> None:
+    """Pins (a revision and a size) for catalog entries in a copied inventory, as `make pin` would write them."""
+    path = inventory / "group_vars" / "all" / "model_catalog.yml"
+    document = yaml.safe_load(path.read_text())
+    for name in names:
+        document["model_catalog"][name].update(revision="0" * 40, size=document["model_catalog"][name]["size"] or 1)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+E4B_PAIR = {
+    "models_target": "gemma-4-E4B-it-qat-q4_0-exact",
+    "models_drafter": "gemma-4-E4B-it-qat-assistant-q4_0-exact",
+    "llama_server_flash_attn": "off",
+}
+
+
+def test_a_context_that_cannot_fit_is_refused_from_the_catalog_shapes_before_anything_is_downloaded(tmp_path, recorder):
+    """No GGUF cached: the memory fit runs on the catalog's shape facts, with the numbers and the largest ctx."""
+    laptop = {**E4B_PAIR, "llama_server_ctx_size": 32768, "rig_gpu": {**BASE_RIG["rig_gpu"], "vram_mib": 4096}}
+    desktop = {**E4B_PAIR, "llama_server_ctx_size": 131072}
+    inventory = make_inventory(tmp_path, {"e4b-on-4gb": laptop, "e4b-128k-on-8gb": desktop}, recorder.port)
+    _pin_in_copy(inventory, E4B_PAIR["models_target"], E4B_PAIR["models_drafter"])
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for host, numbers in (
+        ("e4b-on-4gb", r"needs about [0-9,]+ MiB but VRAM of .* is 4,096 MiB: .* no llama_server_ctx_size fits"),
+        ("e4b-128k-on-8gb", r"needs about [0-9,]+ MiB but VRAM of .* is 8,192 MiB: .* set llama_server_ctx_size to "),
+    ):
+        result = check(inventory, [host], cache)
+        assert result.returncode != 0
+        message = result.output[result.output.index(f"[ERROR]: Task failed: Action failed: {host}: ") :]
+        message = " ".join(message.split())  # the YAML callback folds long messages
+        assert str(inventory / "host_vars" / f"{host}.yml") in message, message[:2000]
+        assert re.search(numbers, message), message[:2000]
+        assert "catalog's shape facts" in message and "not cached yet" in message, message[:2000]
+    assert recorder.attempts == 0, "a rig was contacted"
+    assert not any(cache.iterdir()), "something was downloaded"
+
+    # the largest context the refusal named is accepted by the same check (the next play contacts the rig)
+    largest = re.search(r"set llama_server_ctx_size to ([0-9]+) or less", message)
+    assert largest, message[-3000:]
+    fits = make_inventory(
+        tmp_path / "fits", {"fits": {**desktop, "llama_server_ctx_size": int(largest[1])}}, recorder.port
+    )
+    _pin_in_copy(fits, E4B_PAIR["models_target"], E4B_PAIR["models_drafter"])
+    accepted = check(fits, ["fits"], cache)
+    assert "Action failed: fits" not in accepted.output, accepted.tail()
+    assert recorder.attempts > 0
+
+
 def test_a_mismatched_pair_is_refused_on_the_cached_headers(tmp_path, recorder):
     """A drafter of another width, cached under the pair's names: refused by the controller preflight."""
     cache = tmp_path / "cache"
