@@ -45,7 +45,13 @@ config:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.docker_daemon_config import DaemonConfigError, merge_into_file, plan_merge, render
+from ansible.module_utils.docker_daemon_config import (
+    DaemonConfigError,
+    exposure_problems,
+    merge_into_file,
+    plan_merge,
+    render,
+)
 
 
 def main() -> None:
@@ -58,6 +64,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     path = module.params["path"]
+    exposed = exposure_problems(module.params["settings"])
+    if exposed:
+        module.fail_json(msg="docker daemon settings refused: " + "; ".join(exposed))
     try:
         if module.check_mode:
             result = plan_merge(path, module.params["settings"], module.params["remove"])

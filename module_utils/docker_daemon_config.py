@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ansible.module_utils.atomic_file import write_atomic
+from ansible.module_utils.net_address import is_loopback
+
+# Local transports of the Docker API: reachable only by who may open the socket.
+LOCAL_API_SCHEMES = ("unix://", "fd://")
+CLIENT_TLS_KEYS = ("tlscacert", "tlscert", "tlskey")
 
 
 class DaemonConfigError(Exception):
@@ -60,6 +65,39 @@ def read_config(path: str) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise DaemonConfigError(f"{path} must hold a JSON object, found {type(config).__name__}")
     return config
+
+
+def _api_host(entry: str) -> str | None:
+    """The host part of a dockerd ``hosts`` entry on TCP (tcp://HOST:PORT, HOST:PORT, :PORT); None for local ones."""
+    text = entry.strip()
+    if text.startswith(LOCAL_API_SCHEMES):
+        return None
+    address = text.removeprefix("tcp://").split("/", 1)[0]
+    if address.startswith("["):
+        return address[1:].split("]", 1)[0]
+    return address.rsplit(":", 1)[0] if ":" in address else address
+
+
+def exposure_problems(settings: Any) -> list[str]:
+    """Settings that would open the Docker API (root on the rig) to the network without client certificates."""
+    if not isinstance(settings, dict):
+        return []
+    hosts = settings.get("hosts", [])
+    hosts = [hosts] if isinstance(hosts, str) else hosts
+    if not isinstance(hosts, list):
+        return [f"hosts is {hosts!r}; expected a list of dockerd listen addresses such as unix:///run/docker.sock"]
+    verified = settings.get("tlsverify") is True and all(settings.get(key) for key in CLIENT_TLS_KEYS)
+    problems = []
+    for entry in hosts:
+        host = _api_host(str(entry))
+        if host is None or is_loopback(host) or verified:
+            continue
+        problems.append(
+            f"hosts has {str(entry)!r}: the Docker API on {host or 'every interface'} is root on the rig for "
+            "anyone who reaches it; remove it (the kit needs only the local socket), bind 127.0.0.1, or set "
+            "tlsverify: true with tlscacert, tlscert and tlskey so that only holders of a client certificate connect"
+        )
+    return problems
 
 
 def plan_merge(path: str, settings: dict[str, Any], remove: list[str] | None = None) -> MergeResult:

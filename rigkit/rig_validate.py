@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.docker_daemon_config import exposure_problems
 from ansible.module_utils.llama_server_args import extra_args_problems, managed_flags, rendered_flags
 from ansible.module_utils.model_catalog import CATALOG_PATH, CatalogError, deployable_entry, host_pin_refusal
 from ansible.module_utils.net_address import is_loopback
@@ -380,6 +381,8 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
             "llama_server_api_key), or bind 127.0.0.1",
         )
     _check_tls(report, values)
+    for problem in exposure_problems(values.get("docker_daemon_options")):
+        report.note("docker_daemon_options", f"docker_daemon_options.{problem}")
     _check_extra_args(report, values)
     _check_image_inputs(report, values)
     _check_models(report, rig, values, catalog)

@@ -6,7 +6,13 @@ import json
 import os
 
 import pytest
-from ansible.module_utils.docker_daemon_config import DaemonConfigError, deep_merge, merge_into_file, plan_merge
+from ansible.module_utils.docker_daemon_config import (
+    DaemonConfigError,
+    deep_merge,
+    exposure_problems,
+    merge_into_file,
+    plan_merge,
+)
 
 from tests.support import run
 
@@ -100,3 +106,43 @@ def test_module_fails_clearly_on_broken_file(tmp_path):
     assert result.returncode != 0
     assert "not valid JSON" in result.output
     assert path.read_text() == "{nope"
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        ["tcp://0.0.0.0:2375"],
+        ["unix:///run/docker.sock", "tcp://192.168.1.20:2376"],
+        ["tcp://:2375"],
+        ["[::]:2375"],
+        "tcp://10.0.0.2:2375",
+    ],
+)
+def test_the_docker_api_on_the_network_without_client_certificates_is_refused(hosts):
+    problems = exposure_problems({"hosts": hosts})
+    assert len(problems) == 1 and "is root on the rig for anyone who reaches it" in problems[0], problems
+    # TLS without verifying the client is no authentication
+    assert exposure_problems({"hosts": hosts, "tls": True, "tlscert": "c", "tlskey": "k"})
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"hosts": ["unix:///run/docker.sock", "fd://"]},
+        {"hosts": ["tcp://127.0.0.1:2375", "tcp://[::1]:2375", "localhost:2375"]},
+        {"hosts": ["tcp://0.0.0.0:2376"], "tlsverify": True, "tlscacert": "ca", "tlscert": "c", "tlskey": "k"},
+        {"bridge": "none", "log-driver": "journald"},
+    ],
+)
+def test_local_or_client_verified_api_is_accepted(settings):
+    assert exposure_problems(settings) == []
+
+
+def test_module_refuses_to_expose_the_api_and_leaves_the_file(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text(json.dumps({"bridge": "none"}))
+    result = _module(path, {"hosts": ["tcp://0.0.0.0:2375"]})
+    assert result.returncode != 0
+    assert "docker daemon settings refused: hosts has 'tcp://0.0.0.0:2375'" in result.output, result.tail()
+    assert json.loads(path.read_text()) == {"bridge": "none"}

@@ -255,6 +255,11 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         ["{file}: llama_bench_draft_max is 40; expected a draft length 1-16"],
     ),
     ("rig-kind", {"rig_kind": "cloud"}, ['{file}: rig_kind is "cloud"; expected gpu or sandbox']),
+    (
+        "docker-api-on-lan",
+        {"docker_daemon_options": {"hosts": ["unix:///run/docker.sock", "tcp://0.0.0.0:2375"]}},
+        ["{file}: docker_daemon_options.hosts has 'tcp://0.0.0.0:2375': the Docker API on 0.0.0.0 is root"],
+    ),
     ("wants-cuda", {"rig_wants_cuda": "perhaps"}, ['{file}: rig_wants_cuda is "perhaps"; expected bool']),
 ]
 
