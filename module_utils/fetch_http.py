@@ -15,7 +15,14 @@ import urllib.parse
 
 from ansible.module_utils.fetch_errors import HttpStatusError, InsecureUrlError, TlsError, Transient
 from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions
-from ansible.module_utils.http_client import MAX_REDIRECTS, REDIRECT_STATUSES, UrlRefused, check_url, next_hop
+from ansible.module_utils.http_client import (
+    MAX_REDIRECTS,
+    REDIRECT_STATUSES,
+    UrlRefused,
+    carries_token,
+    check_url,
+    next_hop,
+)
 from ansible.module_utils.printable import printable
 
 USER_AGENT = "rigkit-gguf-fetch/1"
@@ -28,9 +35,9 @@ def check_scheme(url: str, entry: CatalogEntry, opts: FetchOptions) -> None:
         raise InsecureUrlError(f"{exc} ({entry.where})") from None
 
 
-def request_headers(opts: FetchOptions, offset: int) -> dict[str, str]:
+def request_headers(opts: FetchOptions, offset: int, url: str) -> dict[str, str]:
     headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
-    if opts.token:
+    if opts.token and carries_token(url):
         headers["Authorization"] = f"Bearer {opts.token}"
     if offset:
         headers["Range"] = f"bytes={offset}-"

@@ -138,7 +138,7 @@ class Transfer:
             self._check_pace()
 
     def _attempt(self) -> None:
-        conn, resp = open_get(self.url, request_headers(self.opts, self.offset), self.entry, self.opts)
+        conn, resp = open_get(self.url, request_headers(self.opts, self.offset, self.url), self.entry, self.opts)
         try:
             self._accept_response(resp)
             self._read_body(resp)

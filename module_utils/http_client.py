@@ -7,6 +7,8 @@ streamed) and rigkit/hf_api.py (the JSON API). The policy, applied to every hop:
   never as a redirect away from https (no downgrade, whatever the flag says);
 * the ``Authorization`` header (the HF token) and cookies go to the origin only: a redirect to another host,
   port or scheme drops them for that hop and every later one (127.0.0.1 and localhost are different hosts);
+* the token goes over https only: a plain-http endpoint (a trusted local stand-in or mirror, which never needs
+  one) gets no token, even when one is configured or in the environment (``carries_token``);
 * at most ``MAX_REDIRECTS`` redirects; 303 (and 301/302 after a POST) continue as a GET without the body,
   307/308 repeat the method and body.
 """
@@ -27,6 +29,7 @@ __all__ = [
     "HttpClientError",
     "Response",
     "UrlRefused",
+    "carries_token",
     "check_url",
     "next_hop",
     "redact",
@@ -70,6 +73,11 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 def same_origin(a: str, b: str) -> bool:
     """Same scheme, host (as written: an IP and a name for it differ) and port."""
     return _origin(a) == _origin(b)
+
+
+def carries_token(url: str) -> bool:
+    """Whether a request to ``url`` may carry the HF token: over https only, never in clear text."""
+    return urllib.parse.urlsplit(url).scheme.lower() == "https"
 
 
 def check_url(url: str, *, allow_insecure_http: bool, redirect_from: str | None = None) -> None:
@@ -177,7 +185,7 @@ def request(
     """
     check_url(url, allow_insecure_http=allow_insecure_http)
     sent = dict(headers or {})
-    if token:
+    if token and carries_token(url):
         if not token.isascii() or not token.isprintable() or " " in token:
             raise HttpClientError(
                 "the token contains whitespace or non-printable characters; use the bare hf_... token"

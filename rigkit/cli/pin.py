@@ -6,7 +6,10 @@ import argparse
 import os
 import sys
 
+from ansible.module_utils.printable import printable
+
 from rigkit.cli.inventory import known_rigs
+from rigkit.hf_api import DEFAULT_ENDPOINT
 from rigkit.paths import CATALOG, inventory_sources
 
 
@@ -54,6 +57,13 @@ def pin(args: argparse.Namespace) -> int:
     from rigkit.model_pin import HubApi, PinError, pin_entry, pin_host
 
     revision = args.revision_opt or args.revision
+    if args.endpoint.rstrip("/") != DEFAULT_ENDPOINT:
+        origin = "$HF_ENDPOINT" if args.endpoint == os.environ.get("HF_ENDPOINT") else "--endpoint"
+        print(
+            f"rigkit pin: asking {printable(args.endpoint, 200)} (from {origin}), not {DEFAULT_ENDPOINT}; HF_TOKEN, "
+            "if set, goes there too (over https only)",
+            file=sys.stderr,
+        )
     api = HubApi(args.endpoint, token=os.environ.get("HF_TOKEN") or None, allow_insecure_http=args.allow_insecure_http)
     if bool(args.name) == bool(args.host):
         print(
@@ -104,7 +114,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     pin_cmd.add_argument("--catalog", default=str(CATALOG), help="catalog file (default: %(default)s)")
     pin_cmd.add_argument(
         "--endpoint",
-        default=os.environ.get("HF_ENDPOINT") or "https://huggingface.co",
+        default=os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT,
         help="Hugging Face endpoint (default: $HF_ENDPOINT or %(default)s); the token comes from $HF_TOKEN",
     )
     pin_cmd.add_argument(

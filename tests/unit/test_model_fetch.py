@@ -236,12 +236,22 @@ def test_hf_style_cdn_redirect_is_followed(tiny: Served, models: Path) -> None:
     assert_installed(models / tiny.filename, tiny, result)
 
 
-def test_token_is_sent_and_dropped_on_cross_host_redirect(tiny: Served, models: Path) -> None:
-    with HfStandin(require_token=TOKEN) as origin, HfStandin() as cdn:
+def tls_options(hub: HfStandin, ca: Path, **override: Any) -> FetchOptions:
+    return options(hub, allow_insecure_http=False, ca_file=str(ca), **override)
+
+
+def test_token_is_sent_and_dropped_on_cross_host_redirect(
+    tiny: Served, models: Path, tls_files: tuple[Path, Path, Path]
+) -> None:
+    ca, cert, key = tls_files
+    with (
+        HfStandin(require_token=TOKEN, tls_cert=cert, tls_key=key) as origin,
+        HfStandin(tls_cert=cert, tls_key=key) as cdn,
+    ):
         tiny.publish(origin)
         tiny.publish(cdn)
         tiny.fault(origin, Fault("redirect", location=cdn.file_url(tiny.repo, tiny.revision, tiny.filename)))
-        result = fetch_model(tiny.entry(), models / tiny.filename, options(origin, token=TOKEN))
+        result = fetch_model(tiny.entry(), models / tiny.filename, tls_options(origin, ca, token=TOKEN))
         assert [r.authorized for r in origin.requests] == [True]
         assert [r.authorized for r in cdn.requests] == [False]
         assert TOKEN not in json.dumps(result.as_dict())
@@ -411,17 +421,29 @@ def test_missing_file_and_repo_answer_404(hub: HfStandin, tiny: Served, models: 
     assert list(models.iterdir()) in ([], [models / ".rigkit-verified"])
 
 
-def test_gated_repo_without_and_with_wrong_token(tiny: Served, models: Path) -> None:
-    with HfStandin(require_token=TOKEN) as hub:
+def test_gated_repo_without_and_with_wrong_token(
+    tiny: Served, models: Path, tls_files: tuple[Path, Path, Path]
+) -> None:
+    ca, cert, key = tls_files
+    with HfStandin(require_token=TOKEN, tls_cert=cert, tls_key=key) as hub:
         tiny.publish(hub)
         dest = models / tiny.filename
         with pytest.raises(HttpStatusError, match=r"gated or private.*pass an HF token"):
-            fetch_model(tiny.entry(), dest, options(hub))
+            fetch_model(tiny.entry(), dest, tls_options(hub, ca))
         with pytest.raises(HttpStatusError, match="HTTP 403") as err:
-            fetch_model(tiny.entry(), dest, options(hub, token=OTHER_TOKEN))
+            fetch_model(tiny.entry(), dest, tls_options(hub, ca, token=OTHER_TOKEN))
         assert OTHER_TOKEN not in str(err.value)
         assert_untouched(dest, None)
-        assert_installed(dest, tiny, fetch_model(tiny.entry(), dest, options(hub, token=TOKEN)))
+        assert_installed(dest, tiny, fetch_model(tiny.entry(), dest, tls_options(hub, ca, token=TOKEN)))
+
+
+def test_the_token_never_travels_over_plain_http(tiny: Served, models: Path) -> None:
+    """A plain-http endpoint (a local stand-in or mirror) gets no token, even one that is configured."""
+    with HfStandin() as hub:
+        tiny.publish(hub)
+        result = fetch_model(tiny.entry(), models / tiny.filename, options(hub, token=TOKEN))
+        assert hub.requests and not any(r.authorized for r in hub.requests)
+    assert_installed(models / tiny.filename, tiny, result)
 
 
 def test_wrong_sha256(hub: HfStandin, tiny: Served, models: Path) -> None:
@@ -733,9 +755,10 @@ def run_module(args: dict[str, Any], *extra: str) -> tuple[dict[str, Any], str]:
     return support.run_module("gguf_fetch", args, *extra, system_python=True)
 
 
-def test_ansible_module_end_to_end(tiny: Served, models: Path) -> None:
+def test_ansible_module_end_to_end(tiny: Served, models: Path, tls_files: tuple[Path, Path, Path]) -> None:
     token = TOKEN
-    with HfStandin(require_token=token) as hub:
+    ca, cert, key = tls_files
+    with HfStandin(require_token=token, tls_cert=cert, tls_key=key) as hub:
         tiny.publish(hub)
         dest = models / tiny.filename
         args = {
@@ -743,7 +766,7 @@ def test_ansible_module_end_to_end(tiny: Served, models: Path) -> None:
             "name": "tiny-gemma4",
             "dest": str(dest),
             "base_url": hub.base_url,
-            "allow_insecure_http": True,
+            "ca_file": str(ca),
             "token": token,
             "mode": "0640",
         }

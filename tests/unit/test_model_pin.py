@@ -192,10 +192,14 @@ def test_unknown_file(catalog: Path, hub: HfStandin) -> None:
 
 
 @pytest.mark.parametrize("name", [TARGET, DRAFTER])  # what the revision holds / the walk for a trusted sha256
-def test_gated_repository_needs_the_token(catalog: Path, body: bytes, name: str) -> None:
+def test_gated_repository_needs_the_token(
+    catalog: Path, body: bytes, name: str, tls_files: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     pinned = entry(CATALOG, name)
     repo = pinned["repo"]
-    with HfStandin(require_token=TOKEN) as gated:
+    ca, cert, key = tls_files
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))  # trust the throwaway CA, as a real endpoint's is trusted
+    with HfStandin(require_token=TOKEN, tls_cert=cert, tls_key=key) as gated:
         reported = {pinned["filename"]: pinned["sha256"]} if pinned["sha256"] else None
         gated.add_commit(repo, COMMIT, {pinned["filename"]: body}, sha256=reported)
         with pytest.raises(PinError, match=rf"HTTP 401 for {repo}.*set HF_TOKEN.*re-run the pin") as no_token:
@@ -206,6 +210,20 @@ def test_gated_repository_needs_the_token(catalog: Path, body: bytes, name: str)
         assert f"https://huggingface.co/{repo}" in str(forbidden.value)
         assert pin(catalog, gated, name=name, revision="", token=TOKEN).changed
     assert TOKEN not in str(no_token.value) + str(forbidden.value)
+
+
+def test_the_token_never_travels_over_plain_http(catalog: Path, hub: HfStandin) -> None:
+    assert pin(catalog, hub, revision="", token=TOKEN).changed
+    assert hub.headers_seen and not any("Authorization" in h for h in hub.headers_seen)
+
+
+def test_an_endpoint_from_the_environment_is_announced(catalog: Path, hub: HfStandin) -> None:
+    result = run(
+        ["python", "bin/rigkit", "pin", TARGET, COMMIT, "--catalog", str(catalog), "--allow-insecure-http"],
+        HF_ENDPOINT=hub.base_url,
+    )
+    assert result.returncode == 0, result.tail()
+    assert f"rigkit pin: asking {hub.base_url} (from $HF_ENDPOINT), not https://huggingface.co" in result.output
 
 
 def test_plain_http_endpoint_needs_the_flag(catalog: Path, hub: HfStandin) -> None:
@@ -394,11 +412,18 @@ def test_pin_host_stops_at_the_first_entry_it_cannot_pin(tmp_path: Path, hub: Hf
 
 
 # ------------------------------------------------------------------ the token stays with the endpoint
-def test_a_redirect_to_another_host_carries_no_token(catalog: Path, body: bytes) -> None:
+def test_a_redirect_to_another_host_carries_no_token(
+    catalog: Path, body: bytes, tls_files: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = entry(CATALOG, TARGET)
-    with HfStandin() as other, HfStandin(require_token=TOKEN) as origin:
+    ca, cert, key = tls_files
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    with (
+        HfStandin(tls_cert=cert, tls_key=key) as other,
+        HfStandin(require_token=TOKEN, tls_cert=cert, tls_key=key) as origin,
+    ):
         other.add_commit(target["repo"], COMMIT, {target["filename"]: body})
-        origin.redirect_api_to = f"http://localhost:{other.port}"  # 127.0.0.1 and localhost: different hosts
+        origin.redirect_api_to = f"https://127.0.0.1:{other.port}"  # another port: another origin
         result = pin(catalog, origin, revision="", token=TOKEN)
         assert result.revision == COMMIT
         assert origin.headers_seen and all(h.get("Authorization") == f"Bearer {TOKEN}" for h in origin.headers_seen)
