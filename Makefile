@@ -15,7 +15,7 @@ VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs
+.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan
 
 help: ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -56,6 +56,10 @@ rebuild: setup ## wipe the rig's server, image and models, provision from scratc
 pin: setup ## pin from Hugging Face: make pin model=NAME [revision=REF] [force=1], or every unpinned model of a rig: make pin host=NAME
 	@$(BIN)/python bin/rigkit pin $(if $(model),'$(model)',) $(if $(revision),--revision '$(revision)',) \
 		$(if $(filter command line,$(origin host)),--host '$(host)',) $(if $(filter 1 yes true,$(force)),--force,) $(ARGS)
+
+plan: setup ## a GPU rig's compatibility plan (image CUDA, driver, GPU, module flavour, known-good kernels): make plan host=NAME
+	@$(BIN)/python bin/rigkit check-host '$(host)'
+	$(BIN)/python bin/rigkit plan --host '$(host)'
 
 status: setup ## one table for the fleet (or host=NAME): GPU, driver, llama.cpp, models, service, drafting [json=1]
 	@$(BIN)/python bin/rigkit status --limit '$(if $(filter command line,$(origin host)),$(host),rigs)' $(if $(filter 1 yes true,$(json)),--json,) $(if $(ARGS),-- $(ARGS),)

@@ -31,6 +31,8 @@ from ansible.module_utils.nft_allowlist import AllowListError, normalise_network
 from ansible.module_utils.nvidia_compat import open_modules_problem, pci_device_id
 
 import rigkit
+from rigkit.compat_plan import ROLES as COMPAT_ROLES
+from rigkit.compat_plan import compat_findings
 from rigkit.inventory_files import Sources, show
 from rigkit.rig_variables import (
     COMMIT_RE,
@@ -89,6 +91,15 @@ def plain_defaults(roles_dir: str, role: str) -> dict[str, Any]:
     with open(path, encoding="utf-8") as handle:
         data = yaml.load(handle, Loader=SAFE_LOADER) or {}  # noqa: S506 - a safe loader
     return {name: value for name, value in data.items() if not (isinstance(value, str) and "{{" in value)}
+
+
+@functools.cache
+def role_defaults(*roles: str) -> dict[str, Any]:
+    """The plain defaults of these roles of the kit, merged in order (what a rule falls back to)."""
+    merged: dict[str, Any] = {}
+    for role in roles:
+        merged.update(plain_defaults(str(rigkit.REPO / "roles"), role))
+    return merged
 
 
 def declared_variables(specs: Specs) -> dict[str, dict[str, Any]]:
@@ -384,6 +395,8 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
     for problem in exposure_problems(values.get("docker_daemon_options")):
         report.note("docker_daemon_options", f"docker_daemon_options.{problem}")
     _check_extra_args(report, values)
+    for variable, value, why in compat_findings({**role_defaults(*COMPAT_ROLES), **values}):
+        report.add(variable, value, why)
     _check_image_inputs(report, values)
     _check_models(report, rig, values, catalog)
     _check_trained_context(report, values, catalog)

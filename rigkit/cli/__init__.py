@@ -23,6 +23,7 @@ rigkit sandbox-hub --root DIR [--only NAME,...]
                          lay out the sandbox rigs' models (the embedded default's stand-in Hugging Face)
 rigkit discover NAME ADDRESS [--user USER] [--force] [--vram MIB] [--max-ctx N]
                          read a machine (SSH, or docker:CONTAINER for a sandbox rig), write its host profile
+rigkit plan --host RIG   the rig's driver / CUDA / GPU / kernel compatibility plan (no rig contacted)
 rigkit proof NAME | --list | --check
                          run a heavy proof and write its receipt (reports/proofs/), or check every receipt
 """
@@ -32,14 +33,14 @@ from __future__ import annotations
 import argparse
 
 from rigkit import mirror_daemon
-from rigkit.cli import bench, discover, fleet, inventory, pin, proof
+from rigkit.cli import bench, discover, fleet, inventory, pin, plan, proof
 from rigkit.sandbox import hub
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rigkit", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (inventory, pin, mirror_daemon, hub, bench, fleet, discover, proof):
+    for module in (inventory, pin, mirror_daemon, hub, bench, fleet, discover, plan, proof):
         module.register(commands)
     args = parser.parse_args(argv)
     return args.func(args)

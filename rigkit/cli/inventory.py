@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from rigkit.paths import UnsafeDirectoryError, inventory_sources, private_dir
 
@@ -16,6 +17,24 @@ def known_rigs() -> list[str]:
 
     manager = InventoryManager(loader=DataLoader(), sources=inventory_sources())
     return sorted(host.name for host in manager.get_hosts("rigs"))
+
+
+def host_values(host: str, names: tuple[str, ...]) -> dict[str, Any]:
+    """These variables of ``host`` as Ansible gives them (templated); absent ones are left out. LookupError
+    for a host the inventory does not have."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=inventory_sources())
+    found = inventory.get_host(host)
+    if found is None:
+        raise LookupError(f"unknown host {host}. Known rigs: {', '.join(known_rigs())}")
+    variables = VariableManager(loader=loader, inventory=inventory).get_vars(host=found)
+    templar = Templar(loader=loader, variables=variables)
+    return {name: templar.template(variables[name]) for name in names if name in variables}
 
 
 def inventory_yaml_errors() -> list[str]:

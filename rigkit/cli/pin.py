@@ -8,30 +8,15 @@ import sys
 
 from ansible.module_utils.printable import printable
 
-from rigkit.cli.inventory import known_rigs
+from rigkit.cli.inventory import host_values
 from rigkit.hf_api import DEFAULT_ENDPOINT
-from rigkit.paths import CATALOG, inventory_sources
+from rigkit.paths import CATALOG
 
 
 def host_model_names(host: str) -> list[str]:
     """models_target and models_drafter of ``host`` as the inventory gives them (templated)."""
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
-    from ansible.vars.manager import VariableManager
-
-    loader = DataLoader()
-    inventory = InventoryManager(loader=loader, sources=inventory_sources())
-    found = inventory.get_host(host)
-    if found is None:
-        raise LookupError(f"unknown host {host}. Known rigs: {', '.join(known_rigs())}")
-    variables = VariableManager(loader=loader, inventory=inventory).get_vars(host=found)
-    templar = Templar(loader=loader, variables=variables)
-    return [
-        str(templar.template(variables[key]))
-        for key in ("models_target", "models_drafter")
-        if variables.get(key) not in (None, "")
-    ]
+    values = host_values(host, ("models_target", "models_drafter"))
+    return [str(value) for value in values.values() if value not in (None, "")]
 
 
 def _print_pin(result: object) -> None:

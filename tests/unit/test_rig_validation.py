@@ -256,6 +256,33 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
     ),
     ("rig-kind", {"rig_kind": "cloud"}, ['{file}: rig_kind is "cloud"; expected gpu or sandbox']),
     (
+        "driver-too-old-for-cuda",
+        {"nvidia_driver_branch": "525", "nvidia_driver_version": "525.147.05"},
+        [
+            '{file}: nvidia_driver_version is "525.147.05"; CUDA 12.2.2 (the image\'s runtime) needs driver '
+            "535.104.05 or newer: pin a newer driver, or an older CUDA base image"
+        ],
+    ),
+    (
+        "blackwell-proprietary",
+        {
+            "nvidia_driver_branch": "570",
+            "nvidia_driver_version": "570.195.03",
+            "rig_gpu": {**BASE_RIG["rig_gpu"], "compute_capability": "12.0"},
+        },
+        [
+            'nvidia_driver_kernel_modules is "proprietary"; a GPU of compute capability 12.0 (Blackwell or '
+            "newer) runs on the open kernel modules only",
+            'llamacpp_image_runtime_base is "nvidia/cuda:12.2.2-runtime-ubuntu22.04@sha256:',
+            "CUDA 12.2.2 compiles for compute capability 9.0 at most, not 12.0: use a CUDA 12.8 base image or newer",
+        ],
+    ),
+    (
+        "branch-too-old-for-gpu",
+        {"nvidia_driver_branch": "450", "nvidia_driver_version": "450.248.02"},
+        ['{file}: nvidia_driver_branch is "450"; Ampere (GA10x) GPUs (compute capability 8.6) need driver branch 455'],
+    ),
+    (
         "docker-api-on-lan",
         {"docker_daemon_options": {"hosts": ["unix:///run/docker.sock", "tcp://0.0.0.0:2375"]}},
         ["{file}: docker_daemon_options.hosts has 'tcp://0.0.0.0:2375': the Docker API on 0.0.0.0 is root"],

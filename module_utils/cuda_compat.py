@@ -1,0 +1,161 @@
+"""Which CUDA runtime, driver branch and GPU go together (standard library only).
+
+The rules the controller applies before any rig is contacted (rigkit/rig_validate.py) and that `make plan`
+prints (rigkit/compat_plan.py): the image's CUDA runtime needs a minimum driver; the CUDA toolkit compiles for a
+range of compute capabilities; each driver branch supports a range of GPU generations; Blackwell needs the open
+kernel modules. The module flavour's GeForce rule lives beside the driver pins (module_utils/nvidia_compat.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# NVIDIA's CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions" (Linux x86_64): the
+# driver a runtime needs for everything it offers (minor-version compatibility runs less: no PTX JIT).
+CUDA_MIN_DRIVER: dict[tuple[int, int, int], str] = {
+    (11, 8, 0): "520.61.05",
+    (12, 0, 0): "525.60.13",
+    (12, 0, 1): "525.85.12",
+    (12, 1, 0): "530.30.02",
+    (12, 1, 1): "530.30.02",
+    (12, 2, 0): "535.54.03",
+    (12, 2, 1): "535.86.10",
+    (12, 2, 2): "535.104.05",
+    (12, 3, 0): "545.23.06",
+    (12, 3, 1): "545.23.08",
+    (12, 3, 2): "545.23.08",
+    (12, 4, 0): "550.54.14",
+    (12, 4, 1): "550.54.15",
+    (12, 5, 0): "555.42.02",
+    (12, 5, 1): "555.42.06",
+    (12, 6, 0): "560.28.03",
+    (12, 6, 1): "560.35.03",
+    (12, 6, 2): "560.35.03",
+    (12, 6, 3): "560.35.05",
+    (12, 8, 0): "570.26",
+    (12, 8, 1): "570.124.06",
+    (12, 9, 0): "575.51.03",
+    (12, 9, 1): "575.57.08",
+}
+
+# The compute capabilities nvcc of a CUDA release compiles for (its -arch list): (first, last), by release.
+CUDA_ARCH_RANGE: tuple[tuple[tuple[int, int], tuple[int, int], tuple[int, int]], ...] = (
+    # (from CUDA release, lowest capability, highest capability)
+    ((11, 8), (3, 5), (9, 0)),
+    ((12, 0), (5, 0), (9, 0)),
+    ((12, 8), (5, 0), (12, 0)),
+    ((12, 9), (5, 0), (12, 1)),
+)
+
+# The first driver branch that supports a GPU generation (its lowest compute capability), and the last branch
+# that still supports the older ones (Kepler ended with 470; Maxwell, Pascal and Volta end with 580).
+FIRST_BRANCH: tuple[tuple[tuple[int, int], int, str], ...] = (
+    ((12, 0), 570, "Blackwell (GeForce RTX 50)"),
+    ((10, 0), 570, "Blackwell"),
+    ((9, 0), 525, "Hopper"),
+    ((8, 9), 520, "Ada Lovelace"),
+    ((8, 6), 455, "Ampere (GA10x)"),
+    ((8, 0), 450, "Ampere (A100)"),
+    ((7, 5), 418, "Turing"),
+    ((5, 0), 340, "Maxwell to Volta"),
+)
+LAST_BRANCH: tuple[tuple[tuple[int, int], int, str], ...] = (
+    ((5, 0), 470, "Kepler"),  # capabilities below 5.0
+    ((7, 5), 580, "Maxwell, Pascal and Volta"),  # capabilities below 7.5
+)
+# Blackwell's GPUs run on the open kernel modules only.
+OPEN_MODULES_ONLY_FROM = (10, 0)
+
+_CUDA_IMAGE_RE = re.compile(r"(?:^|/)cuda:([0-9]{1,2})\.([0-9]{1,2})(?:\.([0-9]{1,2}))?-")
+_VERSION_RE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){0,2}")
+
+
+def cuda_version_of_image(image: Any) -> tuple[int, int, int] | None:
+    """(major, minor, update) from an nvidia/cuda image reference (nvidia/cuda:12.2.2-runtime-ubuntu22.04@...)."""
+    match = _CUDA_IMAGE_RE.search(str(image or ""))
+    if not match:
+        return None
+    return int(match[1]), int(match[2]), int(match[3] or 0)
+
+
+def _driver_tuple(version: Any) -> tuple[int, ...] | None:
+    text = str(version or "").strip()
+    if not _VERSION_RE.fullmatch(text):
+        return None
+    return tuple(int(part) for part in text.split("."))
+
+
+def shown_cuda(version: tuple[int, int, int]) -> str:
+    return ".".join(str(part) for part in version)
+
+
+def min_driver(cuda: tuple[int, int, int]) -> str | None:
+    """The driver CUDA ``cuda`` needs, or None for a release the table does not know."""
+    return CUDA_MIN_DRIVER.get(cuda)
+
+
+def driver_problem(cuda: tuple[int, int, int], branch: Any, version: Any) -> str | None:
+    """Why this driver (an exact version, or only a branch) cannot run the CUDA runtime ``cuda``; None when it can."""
+    needed = min_driver(cuda)
+    if needed is None:
+        known = ", ".join(shown_cuda(key) for key in CUDA_MIN_DRIVER)
+        return (
+            f"the image's CUDA {shown_cuda(cuda)} is not in the kit's table of minimum drivers "
+            f"(module_utils/cuda_compat.py CUDA_MIN_DRIVER, from NVIDIA's release notes; known: {known}): add it"
+        )
+    need = _driver_tuple(needed)
+    exact = _driver_tuple(version) if version not in (None, "") else None
+    if need is None:
+        return None
+    if exact is not None:
+        too_old = exact < need
+    else:  # only a branch: its newest build may do, an older branch cannot
+        have = _driver_tuple(branch)
+        too_old = have is not None and have[0] < need[0]
+    if too_old:
+        return f"CUDA {shown_cuda(cuda)} (the image's runtime) needs driver {needed} or newer"
+    return None
+
+
+def arch_problem(cuda: tuple[int, int, int], capability: tuple[int, int]) -> str | None:
+    """Why CUDA ``cuda``'s nvcc cannot compile for ``capability``; None when it can."""
+    ranges = [entry for entry in CUDA_ARCH_RANGE if entry[0] <= cuda[:2]]
+    if not ranges:
+        return f"the kit knows no compute capability range for CUDA {shown_cuda(cuda)} (module_utils/cuda_compat.py)"
+    _, low, high = ranges[-1]
+    if low <= capability <= high:
+        return None
+    shown = f"{capability[0]}.{capability[1]}"
+    if capability > high:
+        later = next((release for release, _, top in CUDA_ARCH_RANGE if top >= capability), None)
+        hint = f"a CUDA {later[0]}.{later[1]} base image or newer" if later else "a newer CUDA than the kit knows"
+        top = f"{high[0]}.{high[1]}"
+        return f"CUDA {shown_cuda(cuda)} compiles for compute capability {top} at most, not {shown}: use {hint}"
+    return f"CUDA {shown_cuda(cuda)} no longer compiles for compute capability {shown}: use an older CUDA base image"
+
+
+def branch_problem(branch: Any, capability: tuple[int, int]) -> str | None:
+    """Why driver branch ``branch`` does not support a GPU of ``capability``; None when it does."""
+    text = str(branch or "").strip()
+    if not re.fullmatch(r"[0-9]{3}", text):
+        return None
+    number = int(text)
+    shown = f"{capability[0]}.{capability[1]}"
+    for lowest, first, generation in FIRST_BRANCH:
+        if capability >= lowest:
+            if number < first:
+                return f"{generation} GPUs (compute capability {shown}) need driver branch {first} or newer"
+            break
+    for below, last, generation in LAST_BRANCH:
+        if capability < below and number > last:
+            return f"{generation} GPUs (compute capability {shown}) end with driver branch {last}: pin {last} or older"
+    return None
+
+
+def flavour_problem(modules: Any, capability: tuple[int, int]) -> str | None:
+    """Blackwell and newer run on the open kernel modules only."""
+    if str(modules or "") == "proprietary" and capability >= OPEN_MODULES_ONLY_FROM:
+        shown = f"{capability[0]}.{capability[1]}"
+        return f"a GPU of compute capability {shown} (Blackwell or newer) runs on the open kernel modules only"
+    return None

@@ -1,0 +1,43 @@
+"""`rigkit plan --host NAME` (make plan): the rig's compatibility plan, from the inventory and the repository
+only (no rig is contacted): image CUDA and driver, GPU and driver branch, module flavour, the kernels the pinned
+driver's DKMS module is known to build for. Exit 1 when the validation play would refuse a combination."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rigkit.cli.inventory import host_values
+
+NAMES = (
+    "rig_kind",
+    "rig_gpu",
+    "nvidia_driver_branch",
+    "nvidia_driver_version",
+    "nvidia_driver_kernel_modules",
+    "llamacpp_image_cuda",
+    "llamacpp_image_runtime_base",
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rigkit.compat_plan import ROLES, compat_findings, plan_lines
+    from rigkit.rig_validate import role_defaults
+
+    try:
+        kind = host_values(args.host, ("rig_kind",)).get("rig_kind")
+        values = {**role_defaults(*ROLES), **host_values(args.host, NAMES if kind == "gpu" else ("rig_kind",))}
+    except LookupError as exc:
+        print(f"rigkit plan: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(plan_lines(args.host, values)))
+    refused = compat_findings(values)
+    for variable, value, why in refused:
+        print(f"rigkit plan: {args.host}: {variable} is {value!r}: {why}", file=sys.stderr)
+    return 1 if refused else 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("plan", help="a rig's driver / CUDA / GPU / kernel compatibility plan")
+    parser.add_argument("--host", required=True)
+    parser.set_defaults(func=run)

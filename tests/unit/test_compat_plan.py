@@ -1,0 +1,167 @@
+"""The compatibility rules (module_utils/cuda_compat.py) and `make plan`: driver, CUDA, GPU and kernels."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.cuda_compat import (
+    CUDA_MIN_DRIVER,
+    arch_problem,
+    branch_problem,
+    cuda_version_of_image,
+    driver_problem,
+    flavour_problem,
+)
+
+from rigkit import REPO, proofs
+from rigkit.compat_plan import ROLES, compat_findings, known_good_kernels, plan_lines
+from rigkit.rig_validate import role_defaults
+from tests.support import run
+
+CUDA_1222 = (12, 2, 2)
+
+
+def test_the_image_cuda_is_read_from_the_pinned_base_image():
+    base = role_defaults(*ROLES)["llamacpp_image_runtime_base"]
+    assert cuda_version_of_image(base) == CUDA_1222
+    assert cuda_version_of_image("nvidia/cuda:12.8-runtime-ubuntu24.04") == (12, 8, 0)
+    assert cuda_version_of_image("rigkit/debian:bookworm-0123") is None
+
+
+@pytest.mark.parametrize(
+    ("branch", "version", "refused"),
+    [
+        ("535", "535.309.01", False),  # Debian 12's pin
+        ("550", "550.163.01", False),  # Debian 13's pin
+        ("580", "", False),  # Ubuntu's branch pin: its newest build
+        ("535", "535.104.05", False),  # exactly 12.2 Update 2's minimum
+        ("535", "535.86.10", True),  # 12.2 Update 1's driver: older than 12.2.2 needs
+        ("525", "525.147.05", True),
+        ("530", "", True),  # a branch older than the one CUDA 12.2 needs
+    ],
+)
+def test_the_driver_must_be_new_enough_for_the_images_cuda(branch, version, refused):
+    problem = driver_problem(CUDA_1222, branch, version)
+    assert bool(problem) is refused, problem
+    if refused:
+        assert "needs driver 535.104.05 or newer" in problem
+
+
+def test_a_cuda_release_the_table_does_not_know_says_where_to_add_it():
+    assert "CUDA_MIN_DRIVER" in driver_problem((12, 7, 0), "580", "580.95.05")
+    assert all(version.count(".") >= 1 for version in CUDA_MIN_DRIVER.values())
+
+
+@pytest.mark.parametrize(
+    ("capability", "problem"),
+    [
+        ((7, 5), None),
+        ((8, 6), None),
+        ((9, 0), None),
+        ((12, 0), "compiles for compute capability 9.0 at most, not 12.0: use a CUDA 12.8 base image or newer"),
+        ((3, 7), "no longer compiles for compute capability 3.7"),
+    ],
+)
+def test_the_images_cuda_must_compile_for_the_gpu(capability, problem):
+    found = arch_problem(CUDA_1222, capability)
+    assert found == problem if problem is None else problem in found
+    assert arch_problem((12, 8, 1), (12, 0)) is None
+
+
+@pytest.mark.parametrize(
+    ("branch", "capability", "problem"),
+    [
+        ("535", (7, 5), None),
+        ("535", (8, 6), None),
+        ("450", (8, 6), "Ampere (GA10x) GPUs (compute capability 8.6) need driver branch 455 or newer"),
+        ("550", (12, 0), "need driver branch 570 or newer"),
+        ("590", (6, 1), "Maxwell, Pascal and Volta GPUs (compute capability 6.1) end with driver branch 580"),
+        ("535", (3, 5), "Kepler GPUs (compute capability 3.5) end with driver branch 470"),
+        ("470", (3, 5), None),
+    ],
+)
+def test_the_driver_branch_must_support_the_gpu(branch, capability, problem):
+    found = branch_problem(branch, capability)
+    assert found == problem if problem is None else problem in found
+
+
+def test_blackwell_runs_on_the_open_modules_only():
+    assert "open kernel modules only" in flavour_problem("proprietary", (12, 0))
+    assert flavour_problem("open", (12, 0)) is None and flavour_problem("proprietary", (8, 6)) is None
+
+
+def seed_values(host: str) -> dict:
+    import yaml
+
+    values = {**role_defaults(*ROLES), "rig_kind": "gpu"}
+    values.update(yaml.safe_load((REPO / "inventory/group_vars/gpu_rigs.yml").read_text()))
+    values.update(yaml.safe_load((REPO / f"inventory/host_vars/{host}.yml").read_text()))
+    return values
+
+
+@pytest.mark.parametrize("host", ["desktop3050", "laptop1650ti"])
+def test_the_seed_rigs_pins_are_consistent(host):
+    assert compat_findings(seed_values(host)) == []
+
+
+def test_known_good_kernels_come_from_the_dkms_receipt(tmp_path: Path):
+    item = proofs.proof("nvidia-driver-dkms-debian12")
+    for relative in proofs.input_files(item):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / relative, tmp_path / relative)
+    for directory in ("library", "filter_plugins", "module_utils"):
+        (tmp_path / directory).mkdir(exist_ok=True)
+        for path in (REPO / directory).glob("*.py"):
+            shutil.copy2(path, tmp_path / directory / path.name)
+    inputs = proofs.input_digests(item, tmp_path)
+    receipt = {
+        "result": "passed",
+        "inputs_digest": proofs.digest_of(inputs),
+        "inputs": inputs,
+        "decisive_lines": [
+            "nvidia-current/535.309.01, 6.1.0-47-amd64, x86_64: installed",
+            "nvidia-current/535.309.01, 6.1.0-57-amd64, x86_64: installed",
+        ],
+    }
+    (tmp_path / "reports/proofs").mkdir(parents=True)
+    (tmp_path / "reports/proofs" / f"{item.name}.json").write_text(json.dumps(receipt))
+    found = known_good_kernels(tmp_path)
+    assert found["535.309.01"]["kernels"] == ["6.1.0-47-amd64", "6.1.0-57-amd64"] and found["535.309.01"]["valid"]
+    lines = plan_lines("desktop3050", seed_values("desktop3050"), tmp_path)
+    assert any("DKMS built 535.309.01 for 6.1.0-47-amd64, 6.1.0-57-amd64" in line for line in lines), lines
+    # a receipt made from other inputs is shown as stale, with the target that renews it
+    (tmp_path / "roles/nvidia_driver/vars/Debian.yml").write_text("# changed\n")
+    lines = plan_lines("desktop3050", seed_values("desktop3050"), tmp_path)
+    assert any("receipt stale: make proof-nvidia-driver-dkms-debian12" in line for line in lines), lines
+
+
+def test_make_plan_prints_the_plan_and_exits_1_on_a_refused_pin():
+    result = run(["make", "--no-print-directory", "plan", "host=laptop1650ti"])
+    assert result.returncode == 0, result.tail()
+    for text in (
+        "laptop1650ti: NVIDIA GeForce GTX 1650 Ti, compute capability 7.5",
+        "CUDA 12.2.2 runtime (nvidia/cuda:12.2.2-runtime-ubuntu22.04): needs driver 535.104.05 or newer -> ok",
+        "driver    535.309.01, proprietary kernel modules",
+        "modules   proprietary: ok",
+    ):
+        assert text in result.output, result.output
+
+
+def test_make_plan_exits_1_naming_the_refused_pin(tmp_path: Path):
+    inventory = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory", inventory, ignore=shutil.ignore_patterns("rigs.lock.json"))
+    host_file = inventory / "host_vars" / "laptop1650ti.yml"
+    text = host_file.read_text().replace('nvidia_driver_branch: "535"', 'nvidia_driver_branch: "530"')
+    host_file.write_text(text.replace('nvidia_driver_version: "535.309.01"', 'nvidia_driver_version: "530.41.03"'))
+    result = run(
+        ["make", "--no-print-directory", "plan", "host=laptop1650ti"], ANSIBLE_INVENTORY=str(inventory / "hosts.yml")
+    )
+    assert result.returncode != 0
+    assert "or newer -> refused: CUDA 12.2.2 (the image's runtime) needs driver 535.104.05" in result.output
+    assert (
+        "rigkit plan: laptop1650ti: nvidia_driver_version is '530.41.03': CUDA 12.2.2 (the image's runtime) needs "
+        "driver 535.104.05 or newer" in result.output
+    ), result.output
