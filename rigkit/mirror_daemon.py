@@ -141,6 +141,8 @@ def mirror(args: argparse.Namespace) -> int:
             argv += [f"--{option.replace('_', '-')}", str(value)]
     for allowed in args.allow or []:
         argv += ["--allow", allowed]
+    for client in args.client or []:
+        argv += ["--client", client]
     with open(logfile, "ab") as log:
         child = subprocess.Popen(
             argv,
@@ -205,6 +207,7 @@ def _serve(args: argparse.Namespace, pidfile: pathlib.Path) -> int:
             port=args.port,
             secret=secret,
             allow=args.allow,
+            clients=args.client,
             idle_timeout=args.idle_timeout or 0.0,
             max_age=args.max_age or 0.0,
             watch_pid=args.watch_pid,
@@ -255,6 +258,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     mirror_cmd.add_argument(
         "--allow", action="append", help="serve only this <owner>/<repo>/resolve/<revision>/<file> (repeatable)"
+    )
+    mirror_cmd.add_argument(
+        "--client",
+        action="append",
+        help="serve only connections from this address or network (repeatable; required off loopback)",
     )
     mirror_cmd.add_argument("--stop", action="store_true", help="stop the mirror of --pidfile")
     mirror_cmd.add_argument("--foreground", action="store_true", help=argparse.SUPPRESS)

@@ -19,9 +19,19 @@ Standard library only. It serves a directory ``<root>/<owner>/<repo>/resolve/<re
   downloads in progress. Everything else answers 404.
 * Counters per served path (``bytes`` of body sent, ``requests``, ``complete``) through ``stats()`` and
   ``stats_file`` (written after each body and at shutdown); no HTTP endpoint exposes them.
-* Lifetime: ``idle_timeout`` (no request and no open transfer for that long), ``max_age`` (a hard limit) and
-  ``watch_pid`` (stop when that process, the Ansible run that started the mirror, is gone). Each connection
-  has a read timeout and at most ``max_connections`` are served at once (the rest are closed at once).
+* ``clients``: when given, only connections from these addresses or networks (the rigs of the run) are served,
+  and from this machine itself (127.0.0.1, ::1 and the bound addresses, which nothing on the LAN can send
+  from); any other source is closed at once, without a thread or a slot. A mirror on a non-loopback address
+  refuses to start without them; without them (loopback only) every source is served.
+* Lifetime: ``idle_timeout`` (no request of this run and no open transfer for that long: a request without
+  the secret or outside the allow-list is not activity), ``max_age`` (a hard limit) and ``watch_pid`` (stop
+  when that process, the Ansible run that started the mirror, is gone).
+* Connections: at most ``max_connections`` at once and ``max_per_client`` from one source (this machine's
+  own are capped by the total only: the sandboxes all come from 127.0.0.1); the rest are closed at once. The
+  request line and headers of each request must arrive within ``read_timeout`` in total, however they are
+  trickled; a request that fails the secret or the allow-list is answered 404 and its connection closed.
+  Refused connections are logged at most once per ``REFUSAL_LOG_INTERVAL_S``, the rest counted in the next
+  line (or the one at shutdown).
 
     mirror = ModelMirror("/var/cache/rigkit/models", bind="127.0.0.1", port=0).start()
     mirror.url                         # "http://127.0.0.1:41234"
@@ -35,6 +45,7 @@ import contextlib
 import email.utils
 import errno
 import hmac
+import io
 import ipaddress
 import json
 import os
@@ -45,7 +56,8 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 
@@ -58,6 +70,9 @@ SEND_CHUNK = 8 * 1024 * 1024
 SEND_TIMEOUT_S = 120  # a client that accepts nothing for this long is dropped
 READ_TIMEOUT_S = 30.0  # a client that sends no complete request line/headers for this long is dropped
 MAX_CONNECTIONS = 32
+MAX_PER_CLIENT = 8  # below MAX_CONNECTIONS: one source never takes every slot
+REFUSAL_LOG_INTERVAL_S = 10.0  # a connect flood writes one line per interval, not one per connection
+REFUSAL_LOG_SOURCES = 3  # sources named in a summary line, the busiest first
 WATCH_INTERVAL_S = 0.5
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
@@ -103,6 +118,40 @@ def _is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# This machine's own source addresses: the kernel drops a packet from the wire that claims one of them.
+_THIS_MACHINE: frozenset[Address] = frozenset({ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1")})
+
+
+def _source_address(host: str) -> Address | None:
+    """A connection's source as an address: an IPv4-mapped IPv6 one as IPv4, a zone (``%eth0``) dropped."""
+    try:
+        parsed = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        return parsed.ipv4_mapped
+    return parsed
+
+
+def _client_networks(clients: Iterable[str]) -> tuple[Network, ...]:
+    """``clients`` as networks (an address is a network of one); a spelling that is neither is refused."""
+    networks: list[Network] = []
+    for client in clients:
+        text = client.strip()
+        text = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+        address, slash, prefix = text.partition("/")
+        try:
+            network = ipaddress.ip_network(address.split("%", 1)[0] + slash + prefix, strict=False)
+        except ValueError:
+            raise MirrorError(f"client {client!r} is not an IP address or network: give each rig's address") from None
+        if network.prefixlen == 0:
+            raise MirrorError(f"client {client!r} means every address: give the rigs' addresses or networks")
+        networks.append(network)
+    return tuple(dict.fromkeys(networks))
+
+
 def _proc_start_time(pid: int) -> str | None:
     """The start time of ``pid`` (field 22 of /proc/<pid>/stat), None when it is gone or a zombie."""
     try:
@@ -144,33 +193,103 @@ class _Stats:
         }
 
 
+class _RefusalLog:
+    """Refused connections as log lines: one at once, then at most one per interval counting the rest."""
+
+    def __init__(self, write: Callable[[str], None], interval: float = REFUSAL_LOG_INTERVAL_S) -> None:
+        self._write = write
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._last = -interval
+        self._held_since = 0.0
+        self._reasons: Counter[str] = Counter()
+        self._sources: Counter[str] = Counter()
+
+    def refused(self, source: str, reason: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self._interval:
+                self._hold(source, reason, now)
+                return
+            self._last = now
+            summary = self._take_summary(now)
+        if summary:
+            self._write(summary)
+        self._write(f"{source} refused: {reason}")
+
+    def flush(self) -> None:
+        """Log what is held (at shutdown: a flood's count is never lost)."""
+        with self._lock:
+            summary = self._take_summary(time.monotonic())
+        if summary:
+            self._write(summary)
+
+    def _hold(self, source: str, reason: str, now: float) -> None:
+        if not self._reasons:
+            self._held_since = now
+        self._reasons[reason] += 1
+        if source in self._sources or len(self._sources) < 256:  # bounded, whatever a flood's sources
+            self._sources[source] += 1
+
+    def _take_summary(self, now: float) -> str | None:
+        if not self._reasons:
+            return None
+        total = sum(self._reasons.values())
+        reasons = ", ".join(f"{count} {reason}" for reason, count in self._reasons.most_common())
+        busiest = [f"{source} ({count})" for source, count in self._sources.most_common(REFUSAL_LOG_SOURCES)]
+        more = ", ..." if len(self._sources) > REFUSAL_LOG_SOURCES else ""
+        elapsed = now - self._held_since
+        self._reasons.clear()
+        self._sources.clear()
+        return f"refused {total} more connections in {elapsed:.0f} s ({reasons}) from {', '.join(busiest)}{more}"
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # a connect flood waits to be refused in the backlog, not a rig's SYN dropped
     mirror: ModelMirror
-    slots: threading.BoundedSemaphore
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):  # over the cap: close at once, no thread
-            self.mirror._log(f"{client_address[0]} refused: {self.mirror.max_connections} connections already open")
+        if not self.mirror._admit(client_address[0]):  # not a client, or over a cap: close at once, no thread
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.slots.release()
+            self.mirror._release(client_address[0])
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self.mirror._release(client_address[0])
 
     def handle_error(self, request: Any, client_address: Any) -> None:  # a client that hung up is not news
         exc = sys.exc_info()[1]
         if not isinstance(exc, (ConnectionError, TimeoutError)):
             self.mirror._log(f"{client_address[0]} handler error: {exc.__class__.__name__}: {exc}")
+
+
+class _HeadReader(io.RawIOBase):
+    """The connection's reads; while ``deadline`` is set, each one waits only for the time left until it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request line and headers did not arrive in time")
+            self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -187,7 +306,23 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", SEND_TIMEOUT_S, 0))
-        self.connection.settimeout(self.server.mirror.read_timeout)  # a request that never completes is dropped
+        self.connection.settimeout(self.server.mirror.read_timeout)
+        self.rfile.close()  # read through the head reader: a deadline per request, not a timeout per recv
+        self._head = _HeadReader(self.connection)
+        self.rfile = io.BufferedReader(self._head)
+
+    def handle_one_request(self) -> None:
+        self._head.deadline = time.monotonic() + self.server.mirror.read_timeout  # a trickled head is dropped
+        try:
+            super().handle_one_request()
+        finally:
+            self._head.deadline = None
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self._head.deadline = None  # GET and HEAD read no body: the answer is written with the usual timeout
+        self.connection.settimeout(self.server.mirror.read_timeout)
+        return parsed
 
     # ------------------------------------------------------------------ answers
     def _plain(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
@@ -206,22 +341,31 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         mirror = self.server.mirror
+        if self.headers.get("Authorization") or self.headers.get("Cookie"):
+            mirror._credentialed()  # the mirror needs none: a client that sends one leaks it over plain http
+        parts = self._run_file()
+        if parts is None:  # not a request of this run: no activity, and no keep-alive to repeat it on
+            self._plain(
+                404,
+                "not found: the mirror serves /<owner>/<repo>/resolve/<revision>/<file> only",
+                {"Connection": "close"},
+            )
+            return
         mirror._busy(+1)
         try:
-            self._answer()
+            self._answer(parts)
         finally:
             mirror._busy(-1)
 
-    def _answer(self) -> None:
+    def _run_file(self) -> list[str] | None:
+        """The requested file's path components when the URL carries the secret and names a file of the run."""
         mirror = self.server.mirror
-        if self.headers.get("Authorization") or self.headers.get("Cookie"):
-            mirror._credentialed()  # the mirror needs none: a client that sends one leaks it over plain http
-        url_path = urllib.parse.urlsplit(self.path).path
-        key = mirror.strip_secret(url_path)
+        key = mirror.strip_secret(urllib.parse.urlsplit(self.path).path)
         parts = url_parts(key) if key is not None else None
-        if key is None or parts is None or not mirror.allowed("/".join(parts)):
-            self._plain(404, "not found: the mirror serves /<owner>/<repo>/resolve/<revision>/<file> only")
-            return
+        return parts if parts is not None and mirror.allowed("/".join(parts)) else None
+
+    def _answer(self, parts: list[str]) -> None:
+        mirror = self.server.mirror
         opened = open_served_file(mirror.root, parts)
         if opened is None:
             self._plain(404, "not found")
@@ -232,8 +376,8 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             os.close(fd)
 
-    def do_POST(self) -> None:
-        self._plain(405, "the mirror is read-only", {"Allow": "GET, HEAD"})
+    def do_POST(self) -> None:  # its body is never read: the connection cannot carry another request
+        self._plain(405, "the mirror is read-only", {"Allow": "GET, HEAD", "Connection": "close"})
 
     do_PUT = do_DELETE = do_PATCH = do_POST
 
@@ -296,11 +440,13 @@ class ModelMirror:
         *,
         secret: str | None = None,
         allow: Iterable[str] | None = None,
+        clients: Iterable[str] | None = None,
         idle_timeout: float = 0.0,
         max_age: float = 0.0,
         watch_pid: int | None = None,
         read_timeout: float = READ_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_client: int = MAX_PER_CLIENT,
         stats_file: str | os.PathLike[str] | None = None,
         log: TextIO | None = None,
     ) -> None:
@@ -324,6 +470,12 @@ class ModelMirror:
                 f"a mirror on {', '.join(lan)} (not loopback) needs a secret and an allow-list of the files to serve: "
                 "start it with `rigkit mirror --secret-file F --allow PATH ...` as playbooks/models.yml does"
             )
+        self.clients = None if clients is None else _client_networks(clients)
+        if lan and not self.clients:
+            raise MirrorError(
+                f"a mirror on {', '.join(lan)} (not loopback) serves only the rigs of the run: start it with "
+                "`rigkit mirror --client ADDR ...` (every address of each rig) as playbooks/models.yml does"
+            )
         if watch_pid is not None and _proc_start_time(watch_pid) is None:
             raise MirrorError(f"process {watch_pid} to watch is not running: start the mirror from the live run")
         self.bind = binds[0]
@@ -336,18 +488,22 @@ class ModelMirror:
         self._watch_start = _proc_start_time(watch_pid) if watch_pid is not None else None
         self.read_timeout = read_timeout
         self.max_connections = max_connections
+        self.max_per_client = max_per_client
         self.stats_file = os.fspath(stats_file) if stats_file else None
         self._log_stream = log
         self._stats = _Stats()
         self._lock = threading.Lock()
         self._active = 0
+        self._open: Counter[Address | None] = Counter()  # connections being served, per source
+        self._open_total = 0
+        self._this_machine = set(_THIS_MACHINE)
+        self._refusals = _RefusalLog(self._log)
         self._started = time.monotonic()
         self._last_activity = time.monotonic()
         self._stopped = threading.Event()
         self._done = threading.Event()
         self._servers: list[_Server] = []
         self._threads: list[threading.Thread] = []
-        slots = threading.BoundedSemaphore(max_connections)  # one cap for every address
         try:
             for address in binds:  # every address on one port: the first one's (a free one when port is 0)
                 family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -365,8 +521,10 @@ class ModelMirror:
                         f"{server.server_address[0]}): bind the addresses the rigs reach by number"
                     )
                 server.mirror = self
-                server.slots = slots
                 self._servers.append(server)
+                bound = _source_address(str(server.server_address[0]))
+                if bound is not None:  # this machine's own address, as a source too
+                    self._this_machine.add(bound)
         except MirrorError:
             for server in self._servers:
                 server.server_close()
@@ -416,8 +574,16 @@ class ModelMirror:
             self._threads.append(thread)
         if self.idle_timeout > 0 or self.max_age > 0 or self.watch_pid is not None:
             threading.Thread(target=self._watch, name="model-mirror-watch", daemon=True).start()
-        self._log(f"serving {self.root} on {', '.join(self.binds)}:{self.port} (pid {os.getpid()})")
+        self._log(
+            f"serving {self.root} on {', '.join(self.binds)}:{self.port} (pid {os.getpid()}); {self._clients_text()}"
+        )
         return self
+
+    def _clients_text(self) -> str:
+        if self.clients is None:
+            return "clients: any (loopback only)"
+        named = [str(net.network_address if net.num_addresses == 1 else net) for net in self.clients]
+        return f"clients: {', '.join(named) or 'this machine only'}"
 
     def wait(self) -> None:
         """Block until stop() (from a signal handler or the watchdog) has finished."""
@@ -437,6 +603,7 @@ class ModelMirror:
         for server in self._servers:
             server.server_close()
         self._write_stats()
+        self._refusals.flush()
         self._log("stopped")
         self._done.set()
 
@@ -446,7 +613,43 @@ class ModelMirror:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # ------------------------------------------------------------------ used by the handler
+    # ------------------------------------------------------------------ used by the server and the handler
+    def _admit(self, host: str) -> bool:
+        """Take a slot for a connection from ``host``; False (logged, rate-limited) when it gets none."""
+        source = _source_address(host)
+        reason = self._refusal(source)
+        if reason is None:
+            return True
+        self._refusals.refused(host, reason)
+        return False
+
+    def _refusal(self, source: Address | None) -> str | None:
+        """Why a connection from ``source`` is not served, after taking its slot when it is (None)."""
+        local = source in self._this_machine
+        if not local and not self._is_client(source):
+            return "not a client of this run"
+        with self._lock:
+            if self._open_total >= self.max_connections:
+                return f"{self.max_connections} connections already open"
+            if not local and self._open[source] >= self.max_per_client:
+                return f"{self.max_per_client} connections from this address already open"
+            self._open[source] += 1
+            self._open_total += 1
+        return None
+
+    def _is_client(self, source: Address | None) -> bool:
+        if self.clients is None:
+            return True
+        return source is not None and any(source in network for network in self.clients)
+
+    def _release(self, host: str) -> None:
+        source = _source_address(host)
+        with self._lock:
+            self._open_total -= 1
+            self._open[source] -= 1
+            if self._open[source] <= 0:
+                del self._open[source]
+
     def _busy(self, delta: int) -> None:
         with self._lock:
             self._active += delta

@@ -1,5 +1,6 @@
-"""The model mirror's hardening (issue 15, items 1 and 5): secret, allow-list, no symlinks, FIFOs, lifetimes,
-read timeouts, a connection cap, Range edge cases, the Server header and escaped log lines."""
+"""The model mirror's hardening (issue 15, items 1 and 5; review finding Medium 4): secret, allow-list, clients,
+no symlinks, FIFOs, lifetimes, read deadlines, connection caps (total and per source), rate-limited refusal
+lines, Range edge cases, the Server header and escaped log lines."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import http.client
 import io
 import json
 import os
+import re
 import secrets
+import select
 import socket
 import stat
 import subprocess
@@ -20,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from rigkit.mirror_files import resolve_request_path
-from rigkit.model_mirror import MirrorError, ModelMirror, escape_log
+from rigkit.model_mirror import MAX_PER_CLIENT, MirrorError, ModelMirror, escape_log
 
 REPO = Path(__file__).resolve().parents[2]
 RIGKIT = [sys.executable, str(REPO / "bin" / "rigkit"), "mirror"]
@@ -57,6 +60,36 @@ def request(
         conn.request(method, path, headers=headers or {})
         resp = conn.getresponse()
         return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def connect_from(source: str, port: int) -> socket.socket:
+    """A connection to the mirror on 127.0.0.1 whose source is ``source`` (another "host" on loopback)."""
+    sock = socket.socket()
+    sock.settimeout(10)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def closed_by_mirror(sock: socket.socket, wait: float) -> bool:
+    """True when the mirror closes ``sock`` within ``wait`` seconds without answering."""
+    sock.settimeout(wait)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def fetch_from(source: str, port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
     finally:
         conn.close()
 
@@ -133,6 +166,22 @@ def test_a_lan_address_needs_a_secret_and_an_allow_list(tree: Path) -> None:
         ModelMirror(tree, bind="192.0.2.10", secret=SECRET)
     with pytest.raises(MirrorError, match="16 or more"):
         ModelMirror(tree, secret="x" * 8)
+
+
+def test_a_lan_address_needs_its_clients(tree: Path) -> None:
+    for clients in (None, []):
+        with pytest.raises(MirrorError, match=r"serves only the rigs of the run: .*--client ADDR"):
+            ModelMirror(tree, bind="192.0.2.10", secret=SECRET, allow=[], clients=clients)
+    for client, why in (("rig-1", "not an IP address"), ("0.0.0.0/0", "every address"), ("::/0", "every address")):
+        with pytest.raises(MirrorError, match=why):
+            ModelMirror(tree, clients=[client])
+    with ModelMirror(tree, clients=["192.0.2.7", "[2001:db8::7]", "fe80::7%eth0", "198.51.100.0/24"]) as server:
+        assert [str(network) for network in server.clients or ()] == [
+            "192.0.2.7/32",
+            "2001:db8::7/128",
+            "fe80::7/128",
+            "198.51.100.0/24",
+        ]
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -223,6 +272,114 @@ def test_connections_are_capped_and_threads_bounded(tree: Path) -> None:
         assert request(server.port, f"/{rel('model.gguf')}", method="HEAD")[0] == 200  # slots came back
 
 
+# ------------------------------------------------------------------------------------------ starving the mirror
+def test_only_the_rigs_of_the_run_get_a_connection(tree: Path) -> None:
+    """40 idle connections from a host that is no client (127.0.0.2) take no slot and no thread: a rig's fetch
+    (127.0.0.3, a client) and this machine's (127.0.0.1) are served while they stay open."""
+    log = io.StringIO()
+    baseline = threading.active_count()
+    with ModelMirror(tree, secret=SECRET, allow=[rel("model.gguf")], clients=["127.0.0.3"], log=log) as server:
+        held = [connect_from("127.0.0.2", server.port) for _ in range(40)]
+        try:
+            assert all(closed_by_mirror(sock, 5) for sock in held)
+            assert threading.active_count() <= baseline + 1  # the serve loop, no handler
+            for source in ("127.0.0.3", "127.0.0.1"):
+                status, body = fetch_from(source, server.port, f"/{SECRET}/{rel('model.gguf')}")
+                assert status == 200 and body == (tree / rel("model.gguf")).read_bytes()
+        finally:
+            for sock in held:
+                sock.close()
+    assert "127.0.0.2 refused: not a client of this run" in log.getvalue()
+
+
+def test_one_client_cannot_take_every_slot(tree: Path) -> None:
+    """A client that opens 40 idle connections holds MAX_PER_CLIENT of them; another client is still served."""
+    with ModelMirror(tree, clients=["127.0.0.2", "127.0.0.3"], read_timeout=30) as server:
+        held = [connect_from("127.0.0.2", server.port) for _ in range(40)]
+        try:
+            time.sleep(0.5)  # every one accepted: the refused ones are closed by now
+            still_open = [sock for sock in held if not closed_by_mirror(sock, 0.05)]
+            assert len(still_open) == MAX_PER_CLIENT
+            status, body = fetch_from("127.0.0.3", server.port, f"/{rel('model.gguf')}")
+            assert status == 200 and len(body) == MiB + 7
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_a_trickled_request_is_dropped_at_the_read_deadline(tree: Path) -> None:
+    """One byte every 0.5 s never lets a single recv time out; the request head's deadline still drops it."""
+    read_timeout = 2.0
+    head = f"GET /{rel('model.gguf')} HTTP/1.1\r\nHost: x\r\nUser-Agent: slow\r\n".encode()  # never ends
+    with (
+        ModelMirror(tree, read_timeout=read_timeout) as server,
+        socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock,
+    ):
+        started = time.monotonic()
+        dropped_after = None
+        for byte in head:
+            try:
+                sock.sendall(bytes([byte]))
+                if select.select([sock], [], [], 0.5)[0]:
+                    assert sock.recv(4096) == b"", "the mirror answered a request it never got whole"
+                    dropped_after = time.monotonic() - started
+            except (BrokenPipeError, ConnectionResetError):
+                dropped_after = time.monotonic() - started
+            if dropped_after is not None or time.monotonic() - started > read_timeout + 3:
+                break
+    assert dropped_after is not None, "a trickling client held its connection past the read deadline"
+    assert read_timeout - 0.2 < dropped_after < read_timeout + 1.0
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(2)
+    answer = b""
+    while chunk := sock.recv(4096):  # a connection kept alive times out here instead of ending
+        answer += chunk
+    return answer
+
+
+def test_requests_without_the_secret_are_not_activity(tree: Path) -> None:
+    """404s for a URL without the secret, one every 0.2 s, neither keep the idle mirror alive nor their
+    connection: each is closed after its answer."""
+    idle_timeout = 1.0
+    server = ModelMirror(tree, secret=SECRET, allow=[rel("model.gguf")], idle_timeout=idle_timeout).start()
+    started = time.monotonic()
+    answered = 0
+    try:
+        while not server._stopped.is_set() and time.monotonic() - started < idle_timeout + 3:
+            try:
+                with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+                    sock.sendall(f"GET /{rel('model.gguf')} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                    answer = read_until_closed(sock)
+            except (ConnectionRefusedError, ConnectionResetError):
+                break  # stopped between two requests
+            assert answer.startswith(b"HTTP/1.1 404") and b"\r\nConnection: close\r\n" in answer
+            answered += 1
+            time.sleep(0.2)
+        stopped_after = time.monotonic() - started
+        assert server._done.wait(2), "requests without the secret kept the mirror alive"
+    finally:
+        server.stop()
+    assert answered >= 3 and stopped_after < idle_timeout + 1.5
+
+
+def test_a_connect_flood_writes_a_few_log_lines(tree: Path) -> None:
+    """200 refused connections: one line at once and one count at shutdown, not a line each."""
+    log = io.StringIO()
+    with ModelMirror(tree, clients=["127.0.0.3"], log=log) as server:
+        for _ in range(200):
+            connect_from("127.0.0.2", server.port).close()
+        # accepted in order: once the rig is answered, every connection of the flood has been refused
+        assert fetch_from("127.0.0.3", server.port, f"/{rel('model.gguf')}")[0] == 200
+    refusals = [line for line in log.getvalue().splitlines() if "refused" in line]
+    assert len(refusals) == 2, refusals
+    assert "127.0.0.2 refused: not a client of this run" in refusals[0]
+    assert re.search(
+        r"refused 199 more connections in \d+ s \(199 not a client of this run\) from 127\.0\.0\.2 \(199\)", refusals[1]
+    )
+
+
 def test_maximum_age_stops_a_busy_mirror(tree: Path) -> None:
     server = ModelMirror(tree, max_age=1.0, read_timeout=30).start()
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
@@ -270,6 +427,26 @@ def test_cli_secret_stays_off_the_command_line(tree: Path, tmp_path: Path) -> No
     finally:
         subprocess.run([*RIGKIT, "--stop", "--pidfile", str(run / "m.pid")], capture_output=True, timeout=60)
     assert secret not in (run / "m.log").read_text()
+
+
+def test_cli_serves_only_its_clients(tree: Path, tmp_path: Path) -> None:
+    argv = [*RIGKIT, "--root", str(tree), "--pidfile", str(tmp_path / "m.pid"), "--logfile", str(tmp_path / "m.log")]
+    argv += ["--client", "127.0.0.3", "--client", "192.0.2.0/24", "--max-age", "60"]
+    started = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert started.returncode == 0, started.stderr
+    port = json.loads(started.stdout)["port"]
+    try:
+        with connect_from("127.0.0.2", port) as sock:
+            assert closed_by_mirror(sock, 5)
+        assert fetch_from("127.0.0.3", port, f"/{rel('model.gguf')}")[0] == 200
+    finally:
+        subprocess.run([*RIGKIT, "--stop", "--pidfile", str(tmp_path / "m.pid")], capture_output=True, timeout=60)
+    log = (tmp_path / "m.log").read_text()
+    assert "clients: 127.0.0.3, 192.0.2.0/24" in log and "127.0.0.2 refused: not a client" in log
+    lan = [*RIGKIT, "--root", str(tree), "--pidfile", str(tmp_path / "l.pid"), "--logfile", str(tmp_path / "l.log")]
+    lan += ["--bind", "192.0.2.10", "--secret-file", str(tmp_path / "s"), "--allow", rel("model.gguf")]
+    failed = subprocess.run(lan, capture_output=True, text=True, timeout=60, check=False)
+    assert failed.returncode == 1 and "--client ADDR" in failed.stderr
 
 
 def test_cli_mirror_exits_with_the_ansible_run_that_started_it(tree: Path, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """playbooks/models.yml with the hardened mirror (issue 15, item 1), on two "rigs" that are this machine
 (local connection, models_dir in a temporary directory): the mirror listens on the rigs' controller address
-only, every rig URL carries the per-run secret (never printed, never logged, removed afterwards), only this
-run's files are allowed, and rigs that reach the controller at different addresses get one listener each."""
+only and accepts only the rigs' addresses (their network facts), every rig URL carries the per-run secret
+(never printed, never logged, removed afterwards), only this run's files are allowed, and rigs that reach the
+controller at different addresses get one listener each."""
 
 from __future__ import annotations
 
@@ -30,6 +31,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def this_machines_addresses() -> set[str]:
+    """The rigs' (this machine's) addresses as their network facts list them (from `ip`): all but 127.x and ::1;
+    with none, the play passes no --client and the loopback mirror takes any source."""
+    ip = shutil.which("ip")
+    shown = subprocess.run([ip, "-j", "addr", "show"], capture_output=True, text=True, timeout=30) if ip else None
+    links = json.loads(shown.stdout) if shown and shown.returncode == 0 else []
+    found = {info["local"] for link in links for info in link.get("addr_info", []) if "local" in info}
+    found = {address for address in found if not address.startswith("127.") and address != "::1"}
+    return found or {"any (loopback only)"}
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +103,9 @@ def test_the_fleet_mirror_is_bound_secret_and_gone_afterwards(upstream: ModelMir
             assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]
     log = (run_dir / "mirror.log").read_text()
     assert re.search(r"serving \S+ on 127\.0\.0\.1:\d+", log)
+    clients = re.search(r"serving .*; clients: (.*)", log)
+    assert clients and set(clients[1].split(", ")) == this_machines_addresses(), log  # the rigs' facts
+    assert "refused" not in log
     requests = re.findall(r'"(?:GET|HEAD) (/\S*) HTTP', log)
     assert requests and all(path.startswith("/<secret>/rigkit-sandbox/") for path in requests), requests
     assert not (run_dir / "mirror.secret").exists()  # forgotten at the end of the play
