@@ -21,7 +21,7 @@ import threading
 import time
 
 from rigkit.model_mirror import MirrorError, ModelMirror
-from rigkit.paths import RIGKIT_BIN
+from rigkit.paths import RIGKIT_BIN, UnsafeDirectoryError, private_dir
 
 MIRROR_START_TIMEOUT_S = 30.0
 MIRROR_STOP_TIMEOUT_S = 15.0
@@ -121,10 +121,17 @@ def mirror(args: argparse.Namespace) -> int:
                 "rigkit mirror: --watch-ansible, but no ansible-playbook process started this command", file=sys.stderr
             )
             return 1
-    replaced = _stop_mirror(pidfile)  # a mirror left by an interrupted run: start afresh
     logfile = pathlib.Path(args.logfile).absolute()
-    for path in (pidfile, logfile):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    # The run files (pid, log, stats, secret) live in directories no other user can change: nobody can plant a
+    # symlink where the mirror writes, or read the secret (a shared RIGKIT_CACHE_DIR is refused with what to do).
+    run_files = [pidfile, logfile, *(pathlib.Path(p).absolute() for p in (args.stats_file, args.secret_file) if p)]
+    try:
+        for directory in dict.fromkeys(path.parent for path in run_files):
+            private_dir(directory)
+    except UnsafeDirectoryError as exc:
+        print(f"rigkit mirror: refusing its run directory: {exc}", file=sys.stderr)
+        return 1
+    replaced = _stop_mirror(pidfile)  # a mirror left by an interrupted run: start afresh
     if args.secret_file:
         _write_secret(pathlib.Path(args.secret_file).absolute())
     ready_r, ready_w = os.pipe()
@@ -143,7 +150,8 @@ def mirror(args: argparse.Namespace) -> int:
         argv += ["--allow", allowed]
     for client in args.client or []:
         argv += ["--client", client]
-    with open(logfile, "ab") as log:
+    log_fd = os.open(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(log_fd, "ab") as log:
         child = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -218,7 +226,11 @@ def _serve(args: argparse.Namespace, pidfile: pathlib.Path) -> int:
         print(f"rigkit mirror: {exc}", file=sys.stderr)
         return 1
     tmp = pidfile.with_name(f".{pidfile.name}.{os.getpid()}")
-    tmp.write_text(f"{os.getpid()}\n")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"{os.getpid()}\n")
     tmp.replace(pidfile)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # stop from a thread: never block in a handler
         signal.signal(signum, lambda *_: threading.Thread(target=server.stop, daemon=True).start())

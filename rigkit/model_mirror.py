@@ -691,7 +691,10 @@ class ModelMirror:
             return
         tmp = f"{self.stats_file}.tmp.{threading.get_ident()}"
         with contextlib.suppress(OSError):
-            with open(tmp, "w", encoding="utf-8") as handle:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump(self.stats(), handle, indent=1)
             os.replace(tmp, self.stats_file)
 

@@ -43,19 +43,20 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
     with contextlib.suppress(FileExistsError):
         os.mkdir(where, 0o700)
     info = os.lstat(where)
-    elsewhere = "or set IMAGE_LOCK to a file in a directory of your own"
+    elsewhere = "or set RIGKIT_CACHE_DIR (IMAGE_LOCK for make image's lock) to a directory of your own"
     if not stat.S_ISDIR(info.st_mode):
         kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a directory"
         raise UnsafeDirectoryError(f"{where} is {kind}: remove it and re-run ({elsewhere})")
     if info.st_uid != os.geteuid():
         raise UnsafeDirectoryError(
-            f"{where} belongs to uid {info.st_uid}, not to this user ({os.geteuid()}): another user could hold or "
-            f"replace the lock in it; remove it and re-run as the kit's user ({elsewhere})"
+            f"{where} belongs to uid {info.st_uid}, not to this user ({os.geteuid()}): another user could replace "
+            f"what the kit keeps in it (locks, the mirror's run files); remove it and re-run as the kit's user "
+            f"({elsewhere})"
         )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeDirectoryError(
-            f"{where} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}): any of them could hold or "
-            f"replace the lock in it; run chmod 0700 {where} ({elsewhere})"
+            f"{where} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}): any of them could replace "
+            f"what the kit keeps in it (locks, the mirror's run files); run chmod 0700 {where} ({elsewhere})"
         )
     parent = os.stat(where.parent)
     if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:

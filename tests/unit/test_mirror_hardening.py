@@ -449,6 +449,28 @@ def test_cli_serves_only_its_clients(tree: Path, tmp_path: Path) -> None:
     assert failed.returncode == 1 and "--client ADDR" in failed.stderr
 
 
+def test_cli_refuses_a_run_directory_another_user_could_change(tree: Path, tmp_path: Path) -> None:
+    """A shared RIGKIT_CACHE_DIR: whoever may write the run directory could plant a symlink where the mirror
+    writes its pid, log or stats, or read the secret; the mirror refuses it and writes nothing."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    elsewhere = tmp_path / "victim"
+    (shared / "m.log").symlink_to(elsewhere)
+    argv = [*RIGKIT, "--root", str(tree), "--pidfile", str(shared / "m.pid"), "--logfile", str(shared / "m.log")]
+    refused = subprocess.run([*argv, "--max-age", "60"], capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 1, refused.stderr
+    assert f"refusing its run directory: {shared} is writable by others (mode 0777)" in refused.stderr
+    assert not elsewhere.exists() and not (shared / "m.pid").exists()
+
+    linked = tmp_path / "linked"
+    linked.symlink_to(tmp_path / "private", target_is_directory=True)
+    (tmp_path / "private").mkdir(mode=0o700)
+    argv = [*RIGKIT, "--root", str(tree), "--pidfile", str(linked / "m.pid"), "--logfile", str(linked / "m.log")]
+    refused = subprocess.run([*argv, "--max-age", "60"], capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 1 and f"{linked} is a symlink" in refused.stderr, refused.stderr
+
+
 def test_cli_mirror_exits_with_the_ansible_run_that_started_it(tree: Path, tmp_path: Path) -> None:
     """A play that starts the mirror and never stops it (every rig unreachable, say): the mirror still goes."""
     pidfile = tmp_path / "m.pid"
