@@ -392,6 +392,7 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
             "llama_server_api_key), or bind 127.0.0.1",
         )
     _check_tls(report, values)
+    _check_cors(report, values.get("llama_server_cors_origins"))
     for problem in exposure_problems(values.get("docker_daemon_options")):
         report.note("docker_daemon_options", f"docker_daemon_options.{problem}")
     _check_extra_args(report, values)
@@ -400,6 +401,21 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
     _check_image_inputs(report, values)
     _check_models(report, rig, values, catalog)
     _check_trained_context(report, values, catalog)
+
+
+CORS_ORIGIN_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?")
+
+
+def _check_cors(report: Report, value: Any) -> None:
+    if value is None or value in ("*", "localhost"):
+        return
+    origins = str(value).split(",")
+    if not all(CORS_ORIGIN_RE.fullmatch(origin.strip()) for origin in origins):
+        report.add(
+            "llama_server_cors_origins",
+            value,
+            'expected "localhost", "*" or comma-separated origins such as "https://chat.example.lan:3000"',
+        )
 
 
 def _tls_off(value: Any) -> bool:

@@ -34,6 +34,16 @@ REQUEST = (
 )
 
 
+ALLOWED_ORIGIN = (
+    "import ssl, sys, urllib.request as u\n"
+    "url, origin, ca = sys.argv[1], sys.argv[2], sys.argv[3]\n"
+    "ctx = ssl.create_default_context(cafile=ca) if ca else None\n"
+    "if ctx: ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN\n"
+    "req = u.Request(url, headers={'Origin': origin})\n"
+    "print(u.urlopen(req, timeout=60, context=ctx).headers.get('Access-Control-Allow-Origin') or '-')\n"
+)
+
+
 class Rig:
     """One rig's server as the suite sees it: its settings and a client that runs on the rig itself."""
 
@@ -65,6 +75,12 @@ class Rig:
         command += shlex.quote(self.ca_file)
         out = self.host.check_output(command)
         return out if raw else json.loads(out)
+
+    def allowed_origin(self, origin: str) -> str:
+        """The Access-Control-Allow-Origin the server answers a browser page from ``origin`` with ('-': none)."""
+        command = f"python3 -c {shlex.quote(ALLOWED_ORIGIN)} {shlex.quote(self.url + '/health')} "
+        command += f"{shlex.quote(origin)} {shlex.quote(self.ca_file)}"
+        return self.host.check_output(command).strip()
 
     def complete(self, prompt: str, n_predict: int = 48) -> dict:
         body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": False, "seed": 1}

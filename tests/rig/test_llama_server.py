@@ -30,6 +30,17 @@ def test_health_ok(rig):
     assert rig.call("/health") == {"status": "ok"}
 
 
+def test_web_pages_from_elsewhere_cannot_read_the_server(rig):
+    """llama.cpp's CORS default lets any page a browser on the rig opens read a keyless loopback server."""
+    origins = rig.settings["llama_server_cors_origins"]
+    if origins == "*":
+        assert rig.allowed_origin("https://evil.example") == "*"
+        return
+    assert rig.allowed_origin("https://evil.example") == "-"
+    if origins == "localhost":
+        assert rig.allowed_origin("http://localhost:3000") == "http://localhost:3000"
+
+
 def needs_drafter(rig) -> None:
     """A rig served without speculative decoding has no drafter to check: say so in the results."""
     if rig.settings["llama_server_spec_type"] == "none":

@@ -283,6 +283,11 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         ['{file}: nvidia_driver_branch is "450"; Ampere (GA10x) GPUs (compute capability 8.6) need driver branch 455'],
     ),
     (
+        "cors-junk",
+        {"llama_server_cors_origins": "evil.example; rm"},
+        ['{file}: llama_server_cors_origins is "evil.example; rm"; expected "localhost", "*" or comma-separated'],
+    ),
+    (
         "docker-api-on-lan",
         {"docker_daemon_options": {"hosts": ["unix:///run/docker.sock", "tcp://0.0.0.0:2375"]}},
         ["{file}: docker_daemon_options.hosts has 'tcp://0.0.0.0:2375': the Docker API on 0.0.0.0 is root"],
