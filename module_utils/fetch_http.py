@@ -1,31 +1,43 @@
 """One HTTP(S) GET of a model file: connect, follow redirects by the kit's policy, map statuses to errors.
 
-Standard library only. Retryable trouble (connection errors, timeouts, 429, 5xx) raises ``Transient``; access
-problems raise HttpStatusError naming repo, revision and file and what to do; a plain-http hop is refused unless
-``allow_insecure_http`` marks a trusted LAN mirror (module_utils/http_client.py holds the redirect policy).
+Standard library only. Retryable trouble (connection errors, timeouts, 5xx, and a 429 whose reset lies within
+``backoff_max``) raises ``Transient`` carrying the wait the server asked for; a 429 asking for longer fails at once
+(DownloadError: retrying before the reset only spends more of the quota); access problems raise HttpStatusError
+naming repo, revision and file and what to do; a plain-http hop is refused unless ``allow_insecure_http`` marks a
+trusted LAN mirror. module_utils/http_client.py holds the redirect policy, the proxy (HTTPS_PROXY / NO_PROXY)
+and the reading of Retry-After / RateLimit.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
-import re
 import ssl
 import urllib.parse
 
-from ansible.module_utils.fetch_errors import HttpStatusError, InsecureUrlError, TlsError, Transient
+from ansible.module_utils.fetch_errors import (
+    DownloadError,
+    HttpStatusError,
+    InsecureUrlError,
+    TlsError,
+    Transient,
+)
 from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions
 from ansible.module_utils.http_client import (
     MAX_REDIRECTS,
     REDIRECT_STATUSES,
+    HttpClientError,
     UrlRefused,
     carries_token,
     check_url,
     next_hop,
+    open_connection,
+    retry_wait,
 )
 from ansible.module_utils.printable import printable
 
 USER_AGENT = "rigkit-gguf-fetch/1"
+CATALOG = "inventory/group_vars/all/model_catalog.yml"
 
 
 def check_scheme(url: str, entry: CatalogEntry, opts: FetchOptions) -> None:
@@ -46,12 +58,12 @@ def request_headers(opts: FetchOptions, offset: int, url: str) -> dict[str, str]
 
 def connect(parts: urllib.parse.SplitResult, opts: FetchOptions) -> http.client.HTTPConnection:
     host = parts.hostname or ""
-    conn: http.client.HTTPConnection
-    if parts.scheme == "https":
-        context = ssl.create_default_context(cafile=opts.ca_file)
-        conn = http.client.HTTPSConnection(host, parts.port, timeout=opts.connect_timeout, context=context)
-    else:
-        conn = http.client.HTTPConnection(host, parts.port, timeout=opts.connect_timeout)
+    try:
+        url = urllib.parse.urlunsplit(parts)
+        conn, proxy = open_connection(url, timeout=opts.connect_timeout, ca_file=opts.ca_file)
+    except HttpClientError as exc:
+        raise DownloadError(f"{exc}; fix it and re-run") from None  # DownloadError: a resumable part stays
+    via = f" through the proxy {proxy}" if proxy else ""
     try:
         conn.connect()
     except ssl.SSLCertVerificationError as exc:
@@ -62,10 +74,10 @@ def connect(parts: urllib.parse.SplitResult, opts: FetchOptions) -> http.client.
         ) from None
     except TimeoutError:
         conn.close()
-        raise Transient(f"connecting to {host} timed out after {opts.connect_timeout:g} s") from None
+        raise Transient(f"connecting to {host}{via} timed out after {opts.connect_timeout:g} s") from None
     except (OSError, ssl.SSLError) as exc:
         conn.close()
-        raise Transient(f"cannot connect to {host}: {exc}") from None
+        raise Transient(f"cannot connect to {host}{via}: {exc}") from None
     assert conn.sock is not None
     conn.sock.settimeout(opts.read_timeout)
     return conn
@@ -113,7 +125,10 @@ def open_get(
             return conn, resp
         detail = _error_detail(resp)
         conn.close()
-        raise_for_status(resp, detail, origin, entry, opts)
+        try:
+            raise_for_status(resp, detail, origin, entry, opts)
+        except Transient as exc:
+            raise _within_backoff(exc, resp.status, entry, opts) from None
     raise HttpStatusError(f"more than {MAX_REDIRECTS} redirects for {entry.where}", 310)
 
 
@@ -126,35 +141,65 @@ def _error_detail(resp: http.client.HTTPResponse) -> str:
     return f"{code}: {detail}" if code and detail else code or detail
 
 
+def _within_backoff(exc: Transient, status: int, entry: CatalogEntry, opts: FetchOptions) -> Exception:
+    """``exc``, or for a 429 whose reset lies beyond ``backoff_max`` (the longest wait of the retry loop) the
+    failure that says how long the server asked to wait."""
+    wait = exc.retry_after
+    if status != 429 or wait is None or wait <= opts.backoff_max:
+        return exc
+    return DownloadError(
+        f"{exc}: the server's rate limit resets in {wait:.0f} s, longer than this download waits between attempts "
+        f"({opts.backoff_max:g} s), so it stops instead of retrying early. Re-run after {wait:.0f} s (what was "
+        "received is kept and resumed); with a token (HF_TOKEN, models_hf_token) the Hub's quota is larger."
+    )
+
+
+def _hint_401(code: str, entry: CatalogEntry, opts: FetchOptions) -> str:
+    if opts.token:
+        return "the token was not accepted: check it is a valid Hugging Face token with read access"
+    if code == "GatedRepo":
+        return (
+            f"the repository is gated: accept its terms on https://huggingface.co/{entry.repo} and set HF_TOKEN "
+            "(models_hf_token) to a read token of that account"
+        )
+    return (
+        f"no such repository, or it is private or gated: check the repo name in the catalog ({CATALOG}), or set "
+        "HF_TOKEN (models_hf_token) to a read token of an account with access"
+    )
+
+
 def raise_for_status(
     resp: http.client.HTTPResponse, detail: str, origin: str, entry: CatalogEntry, opts: FetchOptions
 ) -> None:
     status = resp.status
     where = entry.where
+    code = resp.getheader("X-Error-Code") or ""
     extra = f" (server says {detail})" if detail else ""
     if status == 401:
-        hint = (
-            "the token was not accepted: check it is a valid Hugging Face token"
-            if opts.token
-            else "the repository is gated or private: accept its terms on the model page and pass an HF token"
-        )
-        raise HttpStatusError(f"HTTP 401 for {where}{extra}: {hint}.", status)
+        raise HttpStatusError(f"HTTP 401 for {where}{extra}: {_hint_401(code, entry, opts)}.", status)
     if status == 403:
         raise HttpStatusError(
             f"HTTP 403 for {where}{extra}: access denied. Accept the model's license on huggingface.co with the "
             "account that owns the token, or use a token with read access to this repository.",
             status,
         )
+    if status == 404 and code == "RepoNotFound":
+        hint = (
+            "no such repository, or the token's account has no access to it: check the repo name in the catalog "
+            f"({CATALOG}), or use a token of an account with access"
+            if opts.token
+            else f"no such repository: check the repo name in the catalog ({CATALOG})"
+        )
+        raise HttpStatusError(f"HTTP 404 for {where}{extra}: {hint}.", status)
     if status == 404:
         raise HttpStatusError(
             f"HTTP 404 for {where}{extra}: no such file at that revision. Check repo, filename and the pinned "
-            "commit in model_catalog (a private repository also answers 404 without a token).",
+            f"commit in the catalog ({CATALOG}).",
             status,
         )
     if status == 429 or status >= 500:
-        retry_after = resp.getheader("Retry-After")
-        # delay-seconds only, ASCII digits (str.isdigit() takes '²', which float() refuses); an HTTP-date is ignored
-        delay = (retry_after or "").strip()
-        seconds = float(delay) if re.fullmatch(r"[0-9]{1,9}", delay) else None
-        raise Transient(f"HTTP {status} from {urllib.parse.urlsplit(origin).netloc}{extra}", seconds)
+        ratelimit = resp.getheader("RateLimit") if status == 429 else None
+        seconds = retry_wait(resp.getheader("Retry-After"), ratelimit)
+        resets = f", rate limited: the quota resets in {seconds:.0f} s" if status == 429 and seconds is not None else ""
+        raise Transient(f"HTTP {status} from {urllib.parse.urlsplit(origin).netloc}{extra}{resets}", seconds)
     raise HttpStatusError(f"HTTP {status} for {where}{extra}", status)

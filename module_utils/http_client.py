@@ -11,12 +11,26 @@ streamed) and rigkit/hf_api.py (the JSON API). The policy, applied to every hop:
   one) gets no token, even when one is configured or in the environment (``carries_token``);
 * at most ``MAX_REDIRECTS`` redirects; 303 (and 301/302 after a POST) continue as a GET without the body,
   307/308 repeat the method and body.
+
+Connections (``open_connection``, shared with the fetcher): an https URL goes through the proxy that
+``https_proxy`` / ``HTTPS_PROXY`` names (lowercase first, as curl and huggingface_hub read them) with a CONNECT
+tunnel, so TLS runs end to end and the proxy sees only ``host:port``, never a request or the token; ``no_proxy`` /
+``NO_PROXY`` (``*``, host names matching themselves and their subdomains, ``.suffix``, IP addresses and CIDR
+ranges, each optionally ``:port``) go direct. Plain-http URLs (a trusted local stand-in or mirror) always go direct.
+``retry_wait`` reads how long a 429 asks to wait (``Retry-After``, or the ``RateLimit`` header's ``t=``).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import email.utils
 import http.client
+import ipaddress
+import os
+import re
 import ssl
+import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,13 +41,17 @@ __all__ = [
     "MAX_REDIRECTS",
     "REDIRECT_STATUSES",
     "HttpClientError",
+    "Proxy",
     "Response",
     "UrlRefused",
     "carries_token",
     "check_url",
     "next_hop",
+    "open_connection",
+    "proxy_for",
     "redact",
     "request",
+    "retry_wait",
     "same_origin",
 ]
 
@@ -43,6 +61,7 @@ MAX_BODY_BYTES = 32 * 1024 * 1024  # an API answer larger than this is not one w
 _CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 _BODY_HEADERS = frozenset({"content-type", "content-length"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_DIGITS_RE = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit() takes '²', which int() refuses
 
 
 class UrlRefused(Exception):
@@ -151,18 +170,158 @@ class Response:
         return self.headers.get(name.lower(), default)
 
 
-def _connection(url: str, timeout: float, ca_file: str | None) -> tuple[http.client.HTTPConnection, str]:
+# ------------------------------------------------------------------ how long a 429 asks to wait
+def _retry_after_seconds(value: str, now: float) -> float | None:
+    """``Retry-After``: delay-seconds or an HTTP date (RFC 9110 10.2.3)."""
+    value = value.strip()
+    if _DIGITS_RE.fullmatch(value):
+        return float(value)
+    if not value or not value.isascii():  # int() inside the date parser would take non-ASCII digits
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000": a date in no known zone is no HTTP date (those say GMT)
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def _ratelimit_reset(value: str) -> float | None:
+    """The IETF draft ``RateLimit`` header: ``"api";r=0;t=39`` (the Hub's form) or ``limit=…, reset=39``; the
+    longest reset it names."""
+    found: list[float] = []
+    for item in value.split(","):
+        for param in item.split(";"):
+            name, _, number = param.partition("=")
+            if name.strip().lower() in ("t", "reset") and _DIGITS_RE.fullmatch(number.strip()):
+                found.append(float(number.strip()))
+    return max(found) if found else None
+
+
+def retry_wait(retry_after: str | None, ratelimit: str | None, *, now: float | None = None) -> float | None:
+    """Seconds until the server's quota resets, from ``Retry-After`` and ``RateLimit`` (the longer when both
+    say); None when neither says."""
+    now = time.time() if now is None else now
+    waits = [
+        wait
+        for wait in (
+            _retry_after_seconds(retry_after, now) if retry_after else None,
+            _ratelimit_reset(ratelimit) if ratelimit else None,
+        )
+        if wait is not None
+    ]
+    return max(waits) if waits else None
+
+
+# ------------------------------------------------------------------ proxies
+@dataclass(frozen=True)
+class Proxy:
+    """An HTTP proxy that tunnels https with CONNECT; ``source`` is the environment variable that named it."""
+
+    host: str
+    port: int
+    source: str
+    authorization: str = ""  # Proxy-Authorization for the CONNECT, from the proxy URL's user info
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port} (from {self.source})"
+
+    def headers(self) -> dict[str, str]:
+        return {"Proxy-Authorization": self.authorization} if self.authorization else {}
+
+
+def _env(environ: Mapping[str, str], name: str) -> tuple[str, str]:
+    """(variable, value) of ``name`` in lower case first, then upper case; ("", "") when neither is set."""
+    for variable in (name.lower(), name.upper()):
+        value = environ.get(variable, "").strip()
+        if value:
+            return variable, value
+    return "", ""
+
+
+def _split_port(entry: str) -> tuple[str, int | None]:
+    """``host``, ``host:port``, ``[v6]:port`` or a bare IPv6 address -> (host, port or None)."""
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+    else:
+        host, port = entry, ""
+    return host, int(port) if _DIGITS_RE.fullmatch(port) else None
+
+
+def _host_matches(host: str, pattern: str) -> bool:
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host) in ipaddress.ip_network(pattern, strict=False)
+    pattern = pattern.removeprefix("*").lstrip(".")
+    return bool(pattern) and (host == pattern or host.endswith(f".{pattern}"))
+
+
+def _bypassed(host: str, port: int, no_proxy: str) -> bool:
+    for entry in (part.strip().lower() for part in no_proxy.split(",")):
+        if entry == "*":
+            return True
+        pattern, wanted = _split_port(entry)
+        if entry and (wanted is None or wanted == port) and _host_matches(host, pattern):
+            return True
+    return False
+
+
+def _parse_proxy(value: str, source: str) -> Proxy:
+    parts = urllib.parse.urlsplit(value if "://" in value else f"http://{value}")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        port = 0
+    if parts.scheme.lower() != "http" or not parts.hostname or not port:
+        raise HttpClientError(
+            f"{source}={redact(value)} is not a proxy this client can use: give http://HOST:PORT (an http proxy; "
+            "https still runs end to end through its CONNECT tunnel)"
+        )
+    authorization = ""
+    if parts.username is not None:
+        pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+    return Proxy(parts.hostname, port, source, authorization)
+
+
+def proxy_for(url: str, environ: Mapping[str, str] | None = None) -> Proxy | None:
+    """The proxy ``url`` goes through: https only, unless no_proxy names its host; None for a direct connection."""
+    environ = os.environ if environ is None else environ
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() != "https":
+        return None
+    source, value = _env(environ, "https_proxy")
+    if not value:
+        return None
+    _, no_proxy = _env(environ, "no_proxy")
+    if _bypassed((parts.hostname or "").lower(), parts.port or 443, no_proxy):
+        return None
+    return _parse_proxy(value, source)
+
+
+def open_connection(
+    url: str, *, timeout: float, ca_file: str | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[http.client.HTTPConnection, Proxy | None]:
+    """A connection for ``url``, not connected yet, and the proxy it tunnels through (None: direct)."""
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
-    conn: http.client.HTTPConnection
-    if parts.scheme.lower() == "https":
-        conn = http.client.HTTPSConnection(
-            host, parts.port, timeout=timeout, context=ssl.create_default_context(cafile=ca_file)
-        )
-    else:
-        conn = http.client.HTTPConnection(host, parts.port, timeout=timeout)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return conn, target
+    if parts.scheme.lower() != "https":
+        return http.client.HTTPConnection(host, parts.port, timeout=timeout), None
+    context = ssl.create_default_context(cafile=ca_file)
+    proxy = proxy_for(url, environ)
+    if proxy is None:
+        return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=context), None
+    conn = http.client.HTTPSConnection(proxy.host, proxy.port, timeout=timeout, context=context)
+    conn.set_tunnel(host, parts.port or 443, headers=proxy.headers())  # TLS (and the certificate check) to host
+    return conn, proxy
+
+
+def _target(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 def request(
@@ -193,9 +352,10 @@ def request(
         sent["Authorization"] = f"Bearer {token}"
     current = url
     for _ in range(max_redirects + 1):
-        conn, target = _connection(current, timeout, ca_file)
+        conn, proxy = open_connection(current, timeout=timeout, ca_file=ca_file)
+        via = f" through the proxy {proxy}" if proxy else ""
         try:
-            conn.request(method, target, body=body, headers=sent)
+            conn.request(method, _target(current), body=body, headers=sent)
             resp = conn.getresponse()
             data = resp.read(max_body + 1)
             answer = Response(
@@ -207,9 +367,9 @@ def request(
                 "never disable verification: fix the endpoint or its CA"
             ) from None
         except TimeoutError:
-            raise HttpClientError(f"no answer from {redact(current)} within {timeout:g} s") from None
+            raise HttpClientError(f"no answer from {redact(current)}{via} within {timeout:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
-            raise HttpClientError(f"{redact(current)}: {exc.__class__.__name__}: {printable(exc, 300)}") from None
+            raise HttpClientError(f"{redact(current)}{via}: {exc.__class__.__name__}: {printable(exc, 300)}") from None
         finally:
             conn.close()
         if len(answer.body) > max_body:

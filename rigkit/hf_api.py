@@ -8,18 +8,35 @@ bounded redirects. The endpoints are the ones huggingface_hub uses:
 - ``GET  {endpoint}/api/models/{repo}/revision/{ref}``: the commit a branch or tag points at;
 - ``POST {endpoint}/api/models/{repo}/paths-info/{commit}`` with ``paths=<filename>``: ``lfs.oid`` and ``size``;
 - ``GET  {endpoint}/api/models/{repo}/commits/{ref}``: the commits, pages followed through the ``Link`` header.
+
+HTTPS_PROXY / NO_PROXY are honoured (http_client.open_connection). A 429 waits for the reset the server names
+(``Retry-After`` or ``RateLimit: "api";r=0;t=SECONDS``, the Hub's form) and retries, up to ``rate_limit_wait``
+seconds of waiting per HubApi in all; a reset beyond that fails with the wait the server asked for. The Hub's
+answers for access, as the messages read them: without a token an unknown, private or gated repository answers
+401 (RepoNotFound or GatedRepo); with one, an unknown or inaccessible private one 404 RepoNotFound, a gated one
+whose terms the account has not accepted 403 GatedRepo, a token it does not accept 401.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
+import time
 import urllib.parse
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from ansible.module_utils.http_client import HttpClientError, Response, UrlRefused, request, same_origin
+from ansible.module_utils.http_client import (
+    HttpClientError,
+    Response,
+    UrlRefused,
+    redact,
+    request,
+    retry_wait,
+    same_origin,
+)
 from ansible.module_utils.model_catalog import REVISION_RE
 from ansible.module_utils.printable import printable
 
@@ -28,6 +45,10 @@ USER_AGENT = "rigkit-pin/1"
 MAX_COMMITS = 500  # commits walked looking for a trusted sha256 (one paths-info request each)
 COMMITS_PER_PAGE = 100
 MAX_COMMIT_PAGES = 50  # pages of the commit list followed at most (a page may hold fewer than it was asked for)
+RATE_LIMIT_WAIT = 300.0  # seconds of 429 waits a pin sits through in all: the Hub's window is 5 minutes
+UNSAID_WAIT = 10.0  # a 429 that names no reset: wait this long before asking again
+MIN_WAIT = 1.0  # RateLimit's t= counts whole seconds: t=0 still means "not yet"
+CATALOG = "inventory/group_vars/all/model_catalog.yml"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _LINK_NEXT_RE = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
@@ -62,34 +83,87 @@ class CommitFile:
 class _ApiError(Exception):
     """An HTTP error answer; its X-Error-Code and X-Error-Message are the server's text, kept printable."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, *, wait: float | None = None, waited: float = 0.0) -> None:
         code, message = printable(code, 100), printable(message, 300)
         super().__init__(f"HTTP {status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
+        self.wait = wait  # a 429's reset in seconds (None: it named none)
+        self.waited = waited  # seconds of 429 waits already spent
 
 
-def _explain(exc: _ApiError, repo: str, revision: str, token: str | None) -> PinError:
-    detail = f" ({exc.code}: {exc.message})" if exc.code or exc.message else ""
-    if exc.status == 401:
+def _detail(exc: _ApiError) -> str:
+    """`` (code: message)`` of the parts the server sent; empty when it sent neither."""
+    said = ": ".join(part for part in (exc.code, exc.message) if part)
+    return f" ({said})" if said else ""
+
+
+def _explain_401(exc: _ApiError, repo: str, token: str | None) -> PinError:
+    if token:
+        hint = "the token in HF_TOKEN was not accepted: check it (huggingface.co/settings/tokens)"
+    elif exc.code == "GatedRepo":
         hint = (
-            "the token in HF_TOKEN was not accepted: check it (huggingface.co/settings/tokens)"
-            if token
-            else "the repository is gated or private: set HF_TOKEN to a read token of an account that has access"
+            f"the repository is gated: accept its terms on https://huggingface.co/{repo} and set HF_TOKEN to a read "
+            "token of that account"
         )
-        return PinError(f"HTTP 401 for {repo}{detail}: {hint}, then re-run the pin.")
+    else:
+        hint = (
+            f"no such repository, or it is private or gated: check the repo name in the catalog ({CATALOG}), or "
+            "set HF_TOKEN to a read token of an account with access"
+        )
+    return PinError(f"HTTP 401 for {repo}{_detail(exc)}: {hint}, then re-run the pin.")
+
+
+def _explain_404(exc: _ApiError, repo: str, revision: str, token: str | None) -> PinError:
+    detail = _detail(exc)
+    if exc.code == "RevisionNotFound":
+        return PinError(f"revision {revision} not found in {repo}{detail}: give a branch, tag or commit of it.")
+    if token:
+        return PinError(
+            f"repository {repo} not found, or the account of HF_TOKEN has no access to it{detail}: check the repo "
+            f"name in the catalog ({CATALOG}), or use a token of an account with access."
+        )
+    return PinError(f"repository {repo} not found{detail}: fix the entry's repo in the catalog ({CATALOG}).")
+
+
+def _explain_429(exc: _ApiError, repo: str, bound: float) -> PinError:
+    asked = f"its quota resets in {exc.wait:.0f} s" if exc.wait is not None else "it names no reset"
+    spent = (
+        f"this pin has already waited {exc.waited:.0f} s of the {bound:g} s it waits in all"
+        if exc.waited
+        else f"beyond the {bound:g} s this pin waits in all"
+    )
+    return PinError(
+        f"HTTP 429 for {repo}{_detail(exc)}: the Hugging Face API's rate limit; {asked}, {spent}. Re-run the pin "
+        "after that; with HF_TOKEN set the quota is an account's, larger than an anonymous one."
+    )
+
+
+def _explain(exc: _ApiError, repo: str, revision: str, token: str | None, bound: float = RATE_LIMIT_WAIT) -> PinError:
+    if exc.status == 401:
+        return _explain_401(exc, repo, token)
     if exc.status == 403:
         return PinError(
-            f"HTTP 403 for {repo}{detail}: accept the model's license on https://huggingface.co/{repo} with the "
-            "account of HF_TOKEN, or use a token with read access, then re-run the pin."
+            f"HTTP 403 for {repo}{_detail(exc)}: accept the model's license on https://huggingface.co/{repo} with "
+            "the account of HF_TOKEN, or use a token with read access, then re-run the pin."
         )
-    if exc.status == 404 and exc.code == "RevisionNotFound":
-        return PinError(f"revision {revision} not found in {repo}{detail}: give a branch, tag or commit of it.")
     if exc.status == 404:
-        token_hint = "" if token else " (a private or gated repository also answers 404 without HF_TOKEN)"
-        return PinError(f"repository {repo} not found{detail}: fix the entry's repo in the catalog{token_hint}.")
-    return PinError(f"HTTP {exc.status} from the Hugging Face API for {repo}{detail}; try again later.")
+        return _explain_404(exc, repo, revision, token)
+    if exc.status == 429:
+        return _explain_429(exc, repo, bound)
+    return PinError(f"HTTP {exc.status} from the Hugging Face API for {repo}{_detail(exc)}; try again later.")
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+class _Waited:
+    """Seconds of 429 waits spent so far (the one mutable part of a HubApi)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
 
 
 @dataclass(frozen=True)
@@ -100,17 +174,49 @@ class HubApi:
     token: str | None = None
     timeout: float = 30.0
     allow_insecure_http: bool = False
+    rate_limit_wait: float = RATE_LIMIT_WAIT  # seconds of 429 waits in all before a 429 fails
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+    notice: Callable[[str], None] = field(default=_to_stderr, repr=False, compare=False)
+    _waited: _Waited = field(default_factory=_Waited, init=False, repr=False, compare=False)
 
     def _base(self, repo: str) -> str:
         return f"{self.endpoint.rstrip('/')}/api/models/{urllib.parse.quote(repo, safe='/')}"
 
+    def _wait_for_quota(self, answer: Response) -> None:
+        """Sleep until the reset a 429 names, or raise its _ApiError when that would pass ``rate_limit_wait``."""
+        asked = retry_wait(answer.header("Retry-After") or None, answer.header("RateLimit") or None)
+        wait = max(MIN_WAIT, UNSAID_WAIT if asked is None else asked)
+        if self._waited.seconds + wait > self.rate_limit_wait:
+            code, message = answer.header("X-Error-Code"), answer.header("X-Error-Message")
+            raise _ApiError(429, code, message, wait=asked, waited=self._waited.seconds)
+        self.notice(
+            f"rigkit pin: {redact(answer.url)} answered HTTP 429 (rate limit); waiting {wait:.0f} s for the quota "
+            "to reset"
+        )
+        self.sleep(wait)
+        self._waited.seconds += wait
+
     def _call(self, url: str, *, data: bytes | None = None) -> tuple[Any, Response]:
+        answer = self._send(url, data)
+        while answer.status == 429:
+            self._wait_for_quota(answer)
+            answer = self._send(url, data)
+        if answer.status >= 400:
+            raise _ApiError(answer.status, answer.header("X-Error-Code"), answer.header("X-Error-Message"))
+        if not 200 <= answer.status < 300:
+            raise PinError(f"{printable(url)} answered HTTP {answer.status}; is --endpoint a Hugging Face API?")
+        try:
+            return json.loads(answer.body or b"null"), answer
+        except ValueError:
+            raise PinError(f"{printable(url)} did not answer JSON; is --endpoint a Hugging Face API?") from None
+
+    def _send(self, url: str, data: bytes | None) -> Response:
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/x-www-form-urlencoded"
         endpoint = self.endpoint.rstrip("/")
         try:
-            answer = request(
+            return request(
                 "POST" if data is not None else "GET",
                 url,
                 headers=headers,
@@ -122,21 +228,15 @@ class HubApi:
         except UrlRefused as exc:
             raise PinError(f"{exc}") from None
         except HttpClientError as exc:
-            raise PinError(f"cannot reach {endpoint}: {exc}; check the network or --endpoint") from None
-        if answer.status >= 400:
-            raise _ApiError(answer.status, answer.header("X-Error-Code"), answer.header("X-Error-Message"))
-        if not 200 <= answer.status < 300:
-            raise PinError(f"{printable(url)} answered HTTP {answer.status}; is --endpoint a Hugging Face API?")
-        try:
-            return json.loads(answer.body or b"null"), answer
-        except ValueError:
-            raise PinError(f"{printable(url)} did not answer JSON; is --endpoint a Hugging Face API?") from None
+            raise PinError(
+                f"cannot reach {endpoint}: {exc}; check the network, --endpoint, or HTTPS_PROXY / NO_PROXY"
+            ) from None
 
     def _get(self, url: str, repo: str, revision: str, *, data: bytes | None = None) -> tuple[Any, Response]:
         try:
             return self._call(url, data=data)
         except _ApiError as exc:
-            raise _explain(exc, repo, revision, self.token) from None
+            raise _explain(exc, repo, revision, self.token, self.rate_limit_wait) from None
 
     def resolve_revision(self, repo: str, ref: str) -> str:
         """The commit a branch or tag points at now."""
@@ -147,10 +247,14 @@ class HubApi:
         return commit
 
     def file_at(self, repo: str, revision: str, filename: str) -> FileInfo | None:
-        """The file's LFS sha256 and size at ``revision`` (paths-info API); None when the file is not there."""
+        """The file's LFS sha256 and size at ``revision`` (paths-info API); None when the file is not there.
+
+        Give a commit: the Hub's paths-info answer names none (no X-Repo-Commit), so the result's commit is
+        ``revision`` as given.
+        """
         data = urllib.parse.urlencode({"paths": filename, "expand": "false"}).encode()
         url = f"{self._base(repo)}/paths-info/{urllib.parse.quote(revision, safe='')}"
-        body, answer = self._get(url, repo, revision, data=data)
+        body, _ = self._get(url, repo, revision, data=data)
         found = [item for item in body or [] if isinstance(item, dict) and item.get("path") == filename]
         if not found or found[0].get("type") != "file":
             return None
@@ -164,8 +268,7 @@ class HubApi:
         size = lfs.get("size", item.get("size"))
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise PinError(f"the API gave no usable size for {repo} : {filename} ({size!r})")
-        commit = answer.header("X-Repo-Commit") or revision
-        return FileInfo(sha256=str(lfs["oid"]), size=size, commit=commit if REVISION_RE.fullmatch(commit) else revision)
+        return FileInfo(sha256=str(lfs["oid"]), size=size, commit=revision)
 
     def lookup_file(self, repo: str, revision: str, filename: str) -> FileInfo:
         """Like file_at, but a missing file is an error that says what to check."""

@@ -175,13 +175,19 @@ def test_bad_requests_fail_clearly(catalog: Path, hub: HfStandin, name: str, rev
 
 @pytest.mark.parametrize("name", ["gemma-4-E4B-it-qat-q4_0-exact", "unsloth-gemma-4-E4B-it-BF16-MTP"])
 def test_unknown_repository(catalog: Path, name: str) -> None:
-    """404: the message names the repository and what to fix (with a trusted sha256: the commit walk; without)."""
+    """401 without a token, as the Hub answers an absent (or private) repository: the message names the repository
+    and both things to check (with a trusted sha256: the commit walk; without: the revision)."""
     repo = entry(CATALOG, name)["repo"]
     with (
         HfStandin() as empty,
-        pytest.raises(PinError, match=rf"repository {repo} not found.*fix the entry's repo.*HF_TOKEN"),
+        pytest.raises(
+            PinError,
+            match=rf"HTTP 401 for {repo} \(RepoNotFound: Invalid username or password\.\): no such repository, or "
+            r"it is private or gated: check the repo name in the catalog.*or set HF_TOKEN",
+        ),
     ):
         pin(catalog, empty, name=name, revision="")
+    assert [r.status for r in empty.requests] == [401]
 
 
 def test_unknown_file(catalog: Path, hub: HfStandin) -> None:
@@ -202,7 +208,10 @@ def test_gated_repository_needs_the_token(
     with HfStandin(require_token=TOKEN, tls_cert=cert, tls_key=key) as gated:
         reported = {pinned["filename"]: pinned["sha256"]} if pinned["sha256"] else None
         gated.add_commit(repo, COMMIT, {pinned["filename"]: body}, sha256=reported)
-        with pytest.raises(PinError, match=rf"HTTP 401 for {repo}.*set HF_TOKEN.*re-run the pin") as no_token:
+        with pytest.raises(
+            PinError,
+            match=rf"HTTP 401 for {repo} \(GatedRepo: .*\): the repository is gated.*set HF_TOKEN.*re-run the pin",
+        ) as no_token:
             pin(catalog, gated, name=name, revision="")
         # The stand-in answers 403 to a token without access, as HF does for a gated repo whose terms are pending.
         with pytest.raises(PinError, match=rf"HTTP 403 for {repo}.*accept the model's license") as forbidden:
@@ -403,7 +412,7 @@ def test_make_pin_host_pins_target_and_drafter(tmp_path: Path, hub: HfStandin, h
 def test_pin_host_stops_at_the_first_entry_it_cannot_pin(tmp_path: Path, hub: HfStandin, history: dict) -> None:
     _, copy = inventory_copy(tmp_path)
     with pytest.raises(
-        PinError, match=rf"desktop3050: cannot pin '{DRAFTER}' \(pinned before it: {EXACT}\).*not found"
+        PinError, match=rf"desktop3050: cannot pin '{DRAFTER}' \(pinned before it: {EXACT}\).*no such repository"
     ):
         pin_host(
             "desktop3050", [EXACT, DRAFTER], catalog_path=str(copy), api=HubApi(hub.base_url, allow_insecure_http=True)
