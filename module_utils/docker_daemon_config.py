@@ -79,7 +79,8 @@ def _api_host(entry: str) -> str | None:
 
 
 def exposure_problems(settings: Any) -> list[str]:
-    """Settings that would open the Docker API (root on the rig) to the network without client certificates."""
+    """Settings that would open the Docker API (root on the rig) over TCP without client certificates: on
+    loopback too, where every local user and a DNS-rebinding web page reach it."""
     if not isinstance(settings, dict):
         return []
     hosts = settings.get("hosts", [])
@@ -90,12 +91,16 @@ def exposure_problems(settings: Any) -> list[str]:
     problems = []
     for entry in hosts:
         host = _api_host(str(entry))
-        if host is None or is_loopback(host) or verified:
+        if host is None or verified:
             continue
+        where = (
+            f"{host} (every local user, and web pages through DNS rebinding)" if is_loopback(host) else host
+        ) or "every interface"
         problems.append(
-            f"hosts has {str(entry)!r}: the Docker API on {host or 'every interface'} is root on the rig for "
-            "anyone who reaches it; remove it (the kit needs only the local socket), bind 127.0.0.1, or set "
-            "tlsverify: true with tlscacert, tlscert and tlskey so that only holders of a client certificate connect"
+            f"hosts has {str(entry)!r}: the Docker API on {where} is root on the rig for anyone who reaches it; "
+            "remove it (the kit needs only the local socket, which only root and the docker group may open), or "
+            "set tlsverify: true with tlscacert, tlscert and tlskey so that only holders of a client certificate "
+            "connect"
         )
     return problems
 

@@ -12,6 +12,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from ansible.module_utils.printable import printable
+
 SCHEMA_ID = "rigkit.bench-report/v1"
 FIGURES = ("decode_tps_client", "aggregate_tps", "ttft_ms", "server_decode_tps", "acceptance", "mean_accepted_length")
 
@@ -236,7 +238,7 @@ def _label(draft: int) -> str:
 def table_row(report: dict[str, Any]) -> dict[str, str]:
     """One line of `rigkit bench-report`: the workload's best setting, and the best drafting one."""
     summary = report["summary"]
-    gpu = (report["rig"].get("gpu") or {}).get("name") or "CPU"
+    gpu = printable((report["rig"].get("gpu") or {}).get("name") or "CPU", 96)  # the rig's text, escaped
     ranked = {row["draft_n_max"]: row["score"] for row in summary["scores"]}
     best = summary["best_draft_n_max"]
     drafting = max((draft for draft in ranked if draft > 0), key=lambda draft: ranked[draft], default=None)

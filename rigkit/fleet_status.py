@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible.module_utils.printable import printable
+
 COLUMNS = (
     "rig",
     "reachable",
@@ -136,10 +138,16 @@ def rows(fleet: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def render(table_rows: list[dict[str, Any]]) -> str:
     cells = [entry["cells"] for entry in table_rows]
+    # what the rigs report (GPU name, versions, errors) is shown with its control characters escaped
+    cells = [{column: printable(line[column]) for column in COLUMNS} for line in cells]
     widths = {column: max([len(column), *(len(str(line[column])) for line in cells)]) for column in COLUMNS}
     lines = ["  ".join(column.upper().ljust(widths[column]) for column in COLUMNS).rstrip()]
     lines += ["  ".join(str(line[column]).ljust(widths[column]) for column in COLUMNS).rstrip() for line in cells]
-    notes = [f"{entry['cells']['rig']}: {entry['raw']['error']}" for entry in table_rows if entry["raw"].get("error")]
+    notes = [
+        f"{printable(entry['cells']['rig'])}: {printable(entry['raw']['error'])}"
+        for entry in table_rows
+        if entry["raw"].get("error")
+    ]
     if any(str(line["kernel"]).endswith(" !") for line in cells):
         notes.append("kernel !: the next boot starts a kernel without the NVIDIA module (`make provision host=NAME`)")
     if any("!" in str(value) for line in cells for value in line.values()):

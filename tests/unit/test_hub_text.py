@@ -188,3 +188,22 @@ def test_an_exception_from_the_server_is_printable_in_the_message(monkeypatch: p
     with pytest.raises(PinError) as caught:
         HubApi("https://hub.example", timeout=5).resolve_revision("o/r", "main")
     assert str(caught.value).isprintable() and "BadStatusLine" in str(caught.value)
+
+
+def test_rig_reported_text_reaches_the_terminal_escaped():
+    """make status and make bench-report print what rigs report (nvidia-smi's GPU name, errors) escaped."""
+    import json
+
+    from rigkit.bench_report import table_row
+    from rigkit.fleet_status import COLUMNS, render
+    from tests.support import REPO
+
+    hostile = "RTX\x1b]0;pwned\x07\x1b[2J"
+    cells = {**dict.fromkeys(COLUMNS, ""), "rig": "r1", "reachable": "yes", "gpu": hostile}
+    text = render([{"cells": cells, "raw": {"error": "boom\x1b[31m"}}])
+    assert "\x1b" not in text and "\x07" not in text
+    assert "RTX\\x1b]0;pwned\\x07\\x1b[2J" in text and "boom\\x1b[31m" in text
+    report = json.loads(next(iter(sorted((REPO / "reports" / "bench").rglob("*.json")))).read_text())
+    report["rig"]["gpu"] = {"name": hostile}
+    shown = "".join(str(value) for value in table_row(report).values())
+    assert "\x1b" not in shown and "RTX\\x1b]0;pwned" in shown
