@@ -35,6 +35,7 @@ class RigCompat:
     """What the plan is computed from: the rig's GPU and driver pins, and the image's CUDA runtime."""
 
     gpu_name: str
+    capability_text: str
     capability: tuple[int, int] | None
     branch: str
     version: str
@@ -50,6 +51,7 @@ class RigCompat:
         builds = values.get("llamacpp_image_cuda", True)
         return cls(
             gpu_name=str(rig_gpu.get("name") or "the GPU"),
+            capability_text=str(rig_gpu.get("compute_capability") or ""),
             capability=compute_capability(rig_gpu.get("compute_capability")),
             branch=str(values.get("nvidia_driver_branch") or ""),
             version=str(values.get("nvidia_driver_version") or ""),
@@ -64,6 +66,16 @@ class RigCompat:
 ROLES = ("nvidia_driver", "llamacpp_image")
 
 
+def _modules_problem(rig: RigCompat) -> str | None:
+    """The module flavour against the GPU: Blackwell needs open; open needs Turing, and 545 on GeForce."""
+    assert rig.capability is not None
+    if why := flavour_problem(rig.modules, rig.capability):
+        return f"{why}: set nvidia_driver_kernel_modules: open"
+    if rig.modules == "open":
+        return open_modules_problem(rig.branch, rig.gpu_name, rig.capability_text)
+    return None
+
+
 def compat_findings(values: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
     """(variable, value, why and what to do) for every combination the rig's driver, GPU and image cannot run.
     ``values``: the rig's variables over the defaults of ROLES."""
@@ -74,9 +86,8 @@ def compat_findings(values: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
     if rig.capability is not None:
         if why := branch_problem(rig.branch, rig.capability):
             found.append(("nvidia_driver_branch", rig.branch, why))
-        if why := flavour_problem(rig.modules, rig.capability):
-            fix = f"{why}: set nvidia_driver_kernel_modules: open"
-            found.append(("nvidia_driver_kernel_modules", rig.modules, fix))
+        if why := _modules_problem(rig):
+            found.append(("nvidia_driver_kernel_modules", rig.modules, why))
         if rig.cuda is not None and rig.builds_cuda and (why := arch_problem(rig.cuda, rig.capability)):
             found.append((IMAGE_BASE, rig.image, f"{rig.gpu_name}: {why}"))
     if rig.cuda is not None and rig.builds_cuda and (why := driver_problem(rig.cuda, rig.branch, rig.version)):
@@ -134,10 +145,7 @@ def plan_lines(host: str, values: Mapping[str, Any], root: Path = REPO) -> list[
     lines.append(f"  driver    {pinned}, {rig.modules or 'default'} kernel modules")
     if rig.capability is not None:
         lines.append(f"  branch    for {shown_cc}: {_verdict(branch_problem(rig.branch, rig.capability))}")
-        flavour = flavour_problem(rig.modules, rig.capability)
-        if rig.modules == "open":
-            flavour = flavour or open_modules_problem(rig.branch, rig.gpu_name, values["rig_gpu"]["compute_capability"])
-        lines.append(f"  modules   {rig.modules or 'default'}: {_verdict(flavour)}")
+        lines.append(f"  modules   {rig.modules or 'default'}: {_verdict(_modules_problem(rig))}")
     kernels = known_good_kernels(root).get(rig.version)
     if kernels is None:
         lines.append(f"  kernels   no DKMS proof for {rig.version or rig.branch} yet (make proofs)")

@@ -28,7 +28,7 @@ from ansible.module_utils.llama_server_args import extra_args_problems, managed_
 from ansible.module_utils.model_catalog import CATALOG_PATH, CatalogError, deployable_entry, host_pin_refusal
 from ansible.module_utils.net_address import is_loopback
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks
-from ansible.module_utils.nvidia_compat import open_modules_problem, pci_device_id
+from ansible.module_utils.nvidia_compat import pci_device_id
 
 import rigkit
 from rigkit.compat_plan import ROLES as COMPAT_ROLES
@@ -374,15 +374,6 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
             version,
             f"expected a version of nvidia_driver_branch {branch} ({branch}.x.y); change one of the two",
         )
-    rig_gpu = values.get("rig_gpu")
-    if (
-        values.get("rig_kind") == "gpu"
-        and values.get("nvidia_driver_kernel_modules") == "open"
-        and isinstance(rig_gpu, Mapping)
-    ):
-        problem = open_modules_problem(branch, rig_gpu.get("name"), rig_gpu.get("compute_capability"))
-        if problem:
-            report.add("nvidia_driver_kernel_modules", "open", problem)
     host = values.get("llama_server_host")
     if isinstance(host, str) and not is_loopback(host) and not values.get("llama_server_api_key"):
         report.add(

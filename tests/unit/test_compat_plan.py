@@ -20,6 +20,7 @@ from rigkit import REPO, proofs
 from rigkit.compat_plan import ROLES, compat_findings, known_good_kernels, plan_lines
 from rigkit.rig_validate import role_defaults
 from tests.support import run
+from tests.unit.test_proof_receipts import copy_inputs
 
 CUDA_1222 = (12, 2, 2)
 
@@ -109,13 +110,7 @@ def test_the_seed_rigs_pins_are_consistent(host):
 
 def test_known_good_kernels_come_from_the_dkms_receipt(tmp_path: Path):
     item = proofs.proof("nvidia-driver-dkms-debian12")
-    for relative in proofs.input_files(item):
-        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / relative, tmp_path / relative)
-    for directory in ("library", "filter_plugins", "module_utils"):
-        (tmp_path / directory).mkdir(exist_ok=True)
-        for path in (REPO / directory).glob("*.py"):
-            shutil.copy2(path, tmp_path / directory / path.name)
+    copy_inputs(item, tmp_path)
     inputs = proofs.input_digests(item, tmp_path)
     receipt = {
         "result": "passed",
@@ -126,7 +121,6 @@ def test_known_good_kernels_come_from_the_dkms_receipt(tmp_path: Path):
             "nvidia-current/535.309.01, 6.1.0-57-amd64, x86_64: installed",
         ],
     }
-    (tmp_path / "reports/proofs").mkdir(parents=True)
     (tmp_path / "reports/proofs" / f"{item.name}.json").write_text(json.dumps(receipt))
     found = known_good_kernels(tmp_path)
     assert found["535.309.01"]["kernels"] == ["6.1.0-47-amd64", "6.1.0-57-amd64"] and found["535.309.01"]["valid"]
