@@ -82,6 +82,15 @@ options:
         description: The systemd unit that runs the server.
         type: str
         required: true
+      container:
+        description:
+          - The server's container. The state covers what it runs (running, image ID, whether its configuration
+            passed its canary); with O(state=record), the module fails instead of recording a rig whose container
+            does not run the configuration whose canary passed.
+        type: str
+      proven:
+        description: The instance's C(.proven) file (the configuration digest the last passing canary recorded).
+        type: path
       record:
         description: The file where the canary of the unit's current run keeps its figures.
         type: path
@@ -172,6 +181,7 @@ from ansible.module_utils.rig_state import (
     recorded_nft_tables,
     recorded_server,
     recorded_units,
+    server_problem,
     write_record,
 )
 
@@ -179,6 +189,8 @@ SERVER_SPEC = {
     "url": {"type": "str", "required": True},
     "ca_file": {"type": "path"},
     "unit": {"type": "str", "required": True},
+    "container": {"type": "str"},
+    "proven": {"type": "path"},
     "record": {"type": "path", "required": True},
     "instance": {"type": "str"},
     "spec_type": {"type": "str"},
@@ -204,11 +216,18 @@ def server_figures(module: AnsibleModule, server: dict[str, Any], api_key: str |
     return {**recorded, "waited": round(waited, 2), "from_record": kept is not None, **(kept or {})}
 
 
-def state(module: AnsibleModule, watch: list[str], exclude: list[str], units: list[str], tables: list[str]) -> dict:
+def state(
+    module: AnsibleModule,
+    watch: list[str],
+    exclude: list[str],
+    units: list[str],
+    tables: list[str],
+    server: dict[str, Any] | None,
+) -> dict:
     try:
-        return read_state(watch, exclude, units, tables)
+        return read_state(watch, exclude, units, tables, server)
     except ValueError as exc:
-        module.fail_json(msg=f"nft_tables: {exc}")
+        module.fail_json(msg=f"nft_tables or server.container: {exc}")
         raise  # fail_json exits; this keeps type checkers informed
 
 
@@ -233,17 +252,20 @@ def main() -> None:
     exclude = [*params["exclude"], params["path"], params["path"] + ".tmp"]
     if params["state"] == "record":
         units, tables = params["units"] or [], params["nft_tables"] or []
-        parts = part_digests(state(module, params["watch"], exclude, units, tables))
+        running = server_problem(params["server"])
+        if running:
+            module.fail_json(msg=f"not recording the rig as converged: {running}; provision it again")
+        parts = part_digests(state(module, params["watch"], exclude, units, tables, params["server"]))
         if not module.check_mode:
             write_record(params["inputs"], parts, params["path"], units=units, server=params["server"], tables=tables)
         module.exit_json(changed=False, parts=parts)
     record = load_record(params["path"])
     units = params["units"] if params["units"] is not None else recorded_units(record)
     tables = params["nft_tables"] if params["nft_tables"] is not None else recorded_nft_tables(record)
-    parts = part_digests(state(module, params["watch"], exclude, units, tables))
+    server = params["server"] or recorded_server(record)
+    parts = part_digests(state(module, params["watch"], exclude, units, tables, server))
     reasons = compare(record, params["inputs"], parts, max(params["max_age"], 0))
     result: dict[str, Any] = {"changed": False, "in_sync": not reasons, "reasons": reasons, "parts": parts}
-    server = params["server"] or recorded_server(record)
     if not reasons and server:
         result["server"] = server_figures(module, server, params["api_key"], params["health_timeout"])
     module.exit_json(**result)

@@ -44,6 +44,11 @@ options:
       - The NVIDIA driver version the rig pins (GPU rigs). When given, every kernel under C(/boot) is read with
         whether it has that driver's module (C(kernels)).
     type: str
+  proven_path:
+    description:
+      - The instance's C(.proven) file (the configuration digest its last passing canary recorded); the
+        container's C(proven) says whether it runs that configuration.
+    type: path
   server:
     description: Also ask the running server (for the status table; the lock does not need it).
     type: bool
@@ -86,7 +91,9 @@ unit:
   type: dict
   returned: always
 container:
-  description: image_id, image, running, health (null when there is no container).
+  description:
+    - image_id, image, running, health, settings (from its argv), and proven (the configuration it started from is
+      the one whose canary passed; false without I(proven_path)); null when there is no container.
   type: dict
   returned: always
 kernels:
@@ -116,6 +123,7 @@ def main() -> None:
             "url": {"type": "str"},
             **CLIENT_ARGUMENT_SPEC,
             "driver_version": {"type": "str"},
+            "proven_path": {"type": "path"},
             "server": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
@@ -128,7 +136,7 @@ def main() -> None:
         "packages": packages(),
         "gpu": gpu(),
         "image": image(params["image"]),
-        "container": container(params["container"]),
+        "container": container(params["container"], params["proven_path"]),
         "unit": unit,
         "models": {
             spec["role"]: {"name": spec["name"], **model(spec["path"], spec["sha256"], int(spec["size"]))}

@@ -14,6 +14,7 @@ from typing import Any
 from ansible.module_utils.llama_server_api import Endpoint, ServerApiError, metrics
 from ansible.module_utils.model_fetch import sha256_file, verified_record
 from ansible.module_utils.rig_command import run
+from ansible.module_utils.server_config import serving
 
 # What makes up the NVIDIA stack and the container engine on a rig (the lock pins their versions).
 PACKAGE_PATTERN = re.compile(
@@ -139,15 +140,16 @@ def server_settings(argv: list[str]) -> dict[str, Any]:
     return found
 
 
-def container(name: str) -> dict[str, Any] | None:
+def container(name: str, proven_path: str | None = None) -> dict[str, Any] | None:
+    """The server's container as it runs: image, state, settings, and (``proven``) whether the configuration it
+    started from passed its canary (the instance's ``.proven`` file at ``proven_path``)."""
     inspected = docker_inspect("container", name)
     if inspected is None:
         return None
     args = inspected.get("Args") or []
     return {
-        "image_id": inspected.get("Image"),
+        **serving(inspected, proven_path),
         "image": (inspected.get("Config") or {}).get("Image"),
-        "running": bool((inspected.get("State") or {}).get("Running")),
         "health": ((inspected.get("State") or {}).get("Health") or {}).get("Status"),
         "settings": server_settings([str(arg) for arg in args]),
     }

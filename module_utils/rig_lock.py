@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from ansible.module_utils.atomic_file import write_atomic
+from ansible.module_utils.server_config import problem
 
 ABOUT = (
     "What each `make provision` actually deployed, per rig (written by the rig_lock role; do not edit). "
@@ -31,10 +32,16 @@ class LockError(Exception):
 
 
 def entry_from_deployed(deployed: dict[str, Any]) -> dict[str, Any]:
-    """The lock entry of one rig from rig_deployed's answer (server figures are not pinned inputs)."""
+    """The lock entry of one rig from rig_deployed's answer (server figures are not pinned inputs). Made from
+    what runs: the server's container must run the tag's image and the configuration (the unit recorded here,
+    bind, key, certificate) whose canary passed; a unit file alone, written by a run that never restarted the
+    server, is not recorded."""
     image = deployed.get("image")
     if not image:
         raise LockError("the server's image is not on the rig; provision it before recording the lock")
+    running = problem(deployed.get("container"), image.get("id"))
+    if running:
+        raise LockError(f"{running}: provision the rig again (it restarts the server onto its unit)")
     models = {}
     for role, found in sorted((deployed.get("models") or {}).items()):
         if not found.get("verified"):

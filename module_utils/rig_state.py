@@ -13,6 +13,9 @@ roles would undo is never missed:
 - every installed package with its version and selection (a hold, an upgrade: any apt change anywhere);
 - the state of the units the kit keeps running (active and enabled);
 - the Docker images the engine holds (tag and ID);
+- what the server's container runs: whether it runs, its image ID, and whether the configuration it started
+  from is the one whose canary passed (module_utils/server_config.py), so a record is never written, and never
+  matches, for a server that still runs an older setting than its unit file;
 - the running kernel and the kernel modules DKMS built;
 - whether the nftables tables the kit loaded are still loaded (the allow-list lives in the kernel, not on disk:
   `nft -f` of a ruleset that begins with `flush ruleset` removes it and leaves every file as it was).
@@ -33,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ansible.module_utils.rig_command import run
+from ansible.module_utils.server_config import problem, serving
 
 SMALL_FILE = 1 << 20  # bytes: hashed in full below this size
 RECORD_PATH = "/var/lib/rigkit/converged.json"
@@ -40,9 +44,9 @@ RECORD_PATH = "/var/lib/rigkit/converged.json"
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
 # What the record keeps of the server: its address and unit, where its canary keeps its figures, and what it runs
 # (instance, speculative decoding type, canary length) for the report line.
-SERVER_KEYS = ("url", "ca_file", "unit", "record", "instance", "spec_type", "canary_tokens")
-# 2: the record also says which units it covers and where the server answers (the check reads them back).
-RECORD_VERSION = 2
+SERVER_KEYS = ("url", "ca_file", "unit", "container", "proven", "record", "instance", "spec_type", "canary_tokens")
+# 3: the state covers what the server's container runs (the record names the container and its .proven file).
+RECORD_VERSION = 3
 
 
 def _output(argv: Sequence[str]) -> str:
@@ -125,26 +129,60 @@ class _EngineConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def images(sockets: Sequence[str] = DOCKER_SOCKETS) -> str:
-    """Every image the engine holds, one "repository:tag id" line each (untagged: <none>:<none>), sorted; read
-    from the engine's API (GET /images/json) on its socket."""
+def _engine_get(api_path: str, sockets: Sequence[str] = DOCKER_SOCKETS) -> tuple[Any, str | None]:
+    """(the JSON the engine answered, None) or (None, why not: no engine, a status, unreadable)."""
     path = next((candidate for candidate in sockets if os.path.exists(candidate)), None)
     if path is None:
-        return "<no docker engine>"
+        return None, "<no docker engine>"
     connection = _EngineConnection(path)
     try:
-        connection.request("GET", "/images/json")
+        connection.request("GET", api_path)
         response = connection.getresponse()
         body = response.read()
         if response.status != 200:
-            return f"<docker engine answered {response.status}>"
-        listed = json.loads(body)
+            return None, f"<docker engine answered {response.status}>"
+        return json.loads(body), None
     except (OSError, ValueError, http.client.HTTPException) as exc:
-        return f"<docker engine unreadable: {exc.__class__.__name__}>"
+        return None, f"<docker engine unreadable: {exc.__class__.__name__}>"
     finally:
         connection.close()
+
+
+def images(sockets: Sequence[str] = DOCKER_SOCKETS) -> str:
+    """Every image the engine holds, one "repository:tag id" line each (untagged: <none>:<none>), sorted; read
+    from the engine's API (GET /images/json) on its socket."""
+    listed, failure = _engine_get("/images/json", sockets)
+    if failure:
+        return failure
     lines = [f"{tag} {image.get('Id')}" for image in listed for tag in image.get("RepoTags") or ["<none>:<none>"]]
     return "\n".join(sorted(lines))
+
+
+CONTAINER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def server_container(name: str, proven_path: str, sockets: Sequence[str] = DOCKER_SOCKETS) -> dict[str, Any]:
+    """What the server's container runs (module_utils/server_config.serving), read from the engine's API
+    (GET /containers/NAME/json); not running when the engine does not know it."""
+    if not CONTAINER_NAME_RE.fullmatch(name):
+        raise ValueError(f"{name!r} is not a container name")
+    inspected, _failure = _engine_get(f"/containers/{name}/json", sockets)
+    return serving(inspected, proven_path)
+
+
+def server_part(server: dict[str, Any] | None) -> str:
+    """The state's line for the server's container ("" when no server is recorded)."""
+    if not server or not server.get("container"):
+        return ""
+    running = server_container(str(server["container"]), str(server.get("proven") or ""))
+    return json.dumps({"container": server["container"], **running}, sort_keys=True)
+
+
+def server_problem(server: dict[str, Any] | None) -> str | None:
+    """Why the server's container does not run a configuration whose canary passed (None: it does)."""
+    if not server or not server.get("container"):
+        return None
+    return problem(server_container(str(server["container"]), str(server.get("proven") or "")))
 
 
 def kernel() -> list[str]:
@@ -172,7 +210,11 @@ def nft_tables(names: Iterable[str]) -> list[str]:
 
 
 def read_state(
-    watch: Iterable[str], exclude: Sequence[str], unit_names: Iterable[str], tables: Iterable[str] = ()
+    watch: Iterable[str],
+    exclude: Sequence[str],
+    unit_names: Iterable[str],
+    tables: Iterable[str] = (),
+    server: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything the digest covers, by part (the parts are kept so a mismatch can say where it is)."""
     return {
@@ -180,6 +222,7 @@ def read_state(
         "packages": packages(),
         "units": units(unit_names),
         "images": images(),
+        "server": server_part(server),
         "kernel": kernel(),
         "nftables": nft_tables(tables),
     }
@@ -256,7 +299,10 @@ def write_record(
     os.replace(scratch, path)
 
 
-_HINTS = {"nftables": " (a table the kit loaded, the client allow-list, is not loaded: a `flush ruleset`?)"}
+_HINTS = {
+    "nftables": " (a table the kit loaded, the client allow-list, is not loaded: a `flush ruleset`?)",
+    "server": " (its container was restarted, replaced or stopped, or runs a configuration whose canary never passed)",
+}
 
 
 def compare(

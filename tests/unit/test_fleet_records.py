@@ -41,6 +41,7 @@ def deployed(**changes) -> dict:
             "image_id": "sha256:" + "0" * 64,
             "image": "x",
             "running": True,
+            "proven": True,
             "health": "healthy",
             "settings": server_settings(RUNNING_ARGV),
         },
@@ -81,6 +82,16 @@ def test_entry_holds_the_pinned_inputs_only():
     [
         ({"image": None}, "image is not on the rig"),
         ({"unit": {"sha256": None}}, "unit file is missing"),
+        ({"container": None}, "container is not running"),
+        ({"container": {"running": False, "image_id": "sha256:" + "0" * 64, "proven": True}}, "is not running"),
+        (
+            {"container": {"running": True, "image_id": "sha256:" + "1" * 64, "proven": True}},
+            "runs image sha256:1+, not the tag's sha256:0+",
+        ),
+        (
+            {"container": {"running": True, "image_id": "sha256:" + "0" * 64, "proven": False}},
+            "runs a configuration whose canary never passed: provision the rig again",
+        ),
         (
             {"models": {"target": {"name": "t", "path": "/m", "sha256": SHA, "verified": False}}},
             "target model t on the rig is not the verified file",
@@ -96,6 +107,7 @@ def test_differences_keep_the_image_id_informational():
     before = entry_from_deployed(deployed())
     rebuilt = deployed()
     rebuilt["image"] = {**rebuilt["image"], "id": "sha256:" + "1" * 64}
+    rebuilt["container"] = {**rebuilt["container"], "image_id": "sha256:" + "1" * 64}
     lines, info = differences(before, entry_from_deployed(rebuilt))
     assert lines == [] and info == [f"image.id: sha256:{'0' * 64} -> sha256:{'1' * 64}"]
     upgraded = deployed(packages={"docker.io": {"version": "20.10.25", "held": True}})

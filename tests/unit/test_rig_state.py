@@ -11,7 +11,9 @@ import os
 import re
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,9 +28,11 @@ from ansible.module_utils.rig_state import (
     images,
     part_digests,
     read_state,
+    server_container,
     units,
     write_record,
 )
+from ansible.module_utils.server_config import problem, serving
 
 from rigkit.rig_inputs import code_digest, input_names, inputs_digest, lock_digest
 from tests.support import REPO, run_module
@@ -104,20 +108,18 @@ def test_the_state_reads_this_machines_packages_units_and_kernel(tree: Path) -> 
     assert any("no-such-unit.service" in line for line in state["units"]) or state["units"][0].startswith("<")
 
 
-def test_the_images_are_read_from_the_engines_api_on_its_socket(tmp_path: Path) -> None:
-    """The state's images come from GET /images/json on the engine's unix socket (no docker CLI started): one line
-    per tag, untagged images as <none>:<none>, sorted; an engine that does not answer reads as a marker."""
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A Docker engine API on a unix socket: GET of a path in ``routes`` answers its JSON, any other 404."""
     import socketserver
 
-    listed = [
-        {"Id": "sha256:b", "RepoTags": ["rigkit/llama-server:b1-abc", "rigkit/llama-server:latest"]},
-        {"Id": "sha256:a", "RepoTags": None},
-    ]
+    routes: dict[str, Any] = {}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = json.dumps(listed).encode() if self.path == "/images/json" else b"{}"
-            self.send_response(200 if self.path == "/images/json" else 404)
+            found = self.path in routes
+            body = json.dumps(routes[self.path] if found else {"message": "No such object"}).encode()
+            self.send_response(200 if found else 404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -132,18 +134,69 @@ def test_the_images_are_read_from_the_engines_api_on_its_socket(tmp_path: Path) 
         daemon_threads = True
 
     path = str(tmp_path / "docker.sock")
-    engine = Engine(path, Handler)
-    thread = threading.Thread(target=engine.serve_forever, daemon=True)
+    server = Engine(path, Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        assert images([path]) == (
-            "<none>:<none> sha256:a\nrigkit/llama-server:b1-abc sha256:b\nrigkit/llama-server:latest sha256:b"
-        )
+        yield path, routes
     finally:
-        engine.shutdown()
-        engine.server_close()
-    assert images([path]).startswith("<docker engine unreadable")  # the socket file is left, nobody listens
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_images_are_read_from_the_engines_api_on_its_socket(
+    engine: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The state's images come from GET /images/json on the engine's unix socket (no docker CLI started): one line
+    per tag, untagged images as <none>:<none>, sorted; an engine that does not answer reads as a marker."""
+    path, routes = engine
+    routes["/images/json"] = [
+        {"Id": "sha256:b", "RepoTags": ["rigkit/llama-server:b1-abc", "rigkit/llama-server:latest"]},
+        {"Id": "sha256:a", "RepoTags": None},
+    ]
+    assert images([path]) == (
+        "<none>:<none> sha256:a\nrigkit/llama-server:b1-abc sha256:b\nrigkit/llama-server:latest sha256:b"
+    )
+    (tmp_path / "dead.sock").touch()
+    assert images([str(tmp_path / "dead.sock")]).startswith("<docker engine unreadable")  # nobody listens
     assert images([str(tmp_path / "absent.sock")]) == "<no docker engine>"
+
+
+def test_what_the_server_container_runs_is_read_from_the_engine_and_its_proven_file(
+    engine: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The server's state: running, image ID and whether the configuration in its environment is the one whose
+    canary passed; the API key beside it in the environment is never part of what is returned."""
+    path, routes = engine
+    proven = tmp_path / "main.proven"
+    proven.write_text("digest-new\n")
+    inspected = {
+        "Image": "sha256:img",
+        "State": {"Running": True},
+        "Config": {"Env": ["LLAMA_API_KEY=secret-key", "RIGKIT_SERVER_CONFIG=digest-new", "PATH=/usr/bin"]},
+    }
+    routes["/containers/rigkit-llama-main/json"] = inspected
+    assert server_container("rigkit-llama-main", str(proven), [path]) == {
+        "running": True,
+        "image_id": "sha256:img",
+        "proven": True,
+    }
+    assert problem(serving(inspected, str(proven)), "sha256:img") is None
+    assert "secret-key" not in json.dumps(serving(inspected, str(proven)))
+    # a run killed after the restart and before the canary: the container runs a digest never proven
+    proven.write_text("digest-old\n")
+    assert server_container("rigkit-llama-main", str(proven), [path])["proven"] is False
+    assert "canary never passed" in str(problem(serving(inspected, str(proven))))
+    assert "not the tag's sha256:other" in str(problem(serving(inspected, "/absent"), "sha256:other"))
+    # a stopped (or removed) container
+    assert server_container("rigkit-llama-other", str(proven), [path]) == {
+        "running": False,
+        "image_id": None,
+        "proven": False,
+    }
+    assert problem(serving(None, str(proven))) == "the server's container is not running"
+    with pytest.raises(ValueError, match="not a container name"):
+        server_container("../images", str(proven), [path])
 
 
 def test_the_module_records_then_finds_the_rig_in_sync_until_a_file_changes(tree: Path, tmp_path: Path) -> None:
