@@ -1,5 +1,6 @@
-"""Jinja filters for the llama_server role: the allow-list ruleset (logic in module_utils/nft_allowlist.py) and the
-line a run ends with for each rig (the role's report.yml, and roles/rig_state's fast path from the record)."""
+"""Jinja filters for the llama_server role: the allow-list ruleset (logic in module_utils/nft_allowlist.py), the
+preflight's memory budget and headroom as auto or MiB (module_utils/preflight_memory.py) and the line a run ends
+with for each rig (the role's report.yml, and roles/rig_state's fast path from the record)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansibl
 # isort: split
 from ansible.module_utils.net_address import is_loopback
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset
+from ansible.module_utils.preflight_memory import BUDGET_VARIABLE, memory_budget_mib, memory_headroom_mib
 
 
 def _nft_allowlist(networks: Any, instance: str, port: Any) -> str:
@@ -20,6 +22,30 @@ def _nft_allowlist(networks: Any, instance: str, port: Any) -> str:
         return render_ruleset(str(instance), int(port), normalise_networks(networks))
     except (AllowListError, TypeError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
+
+
+def _memory_headroom(value: Any, on_gpu: Any) -> int:
+    """llama_server_memory_headroom_mib in MiB (auto: the GPU or CPU rig's figure); a bad value fails naming it."""
+    try:
+        return memory_headroom_mib(value, on_gpu=bool(on_gpu))
+    except ValueError as exc:
+        raise AnsibleFilterError(f"{exc}: fix it in the rig's inventory file, or remove it for auto") from None
+
+
+def _memory_budget(value: Any, on_gpu: Any, vram_mib: Any = None, ram_mib: Any = None) -> int:
+    """llama_server_memory_budget_mib in MiB (auto: rig_gpu.vram_mib on a GPU rig, the facts' RAM on a CPU rig)."""
+    try:
+        budget = memory_budget_mib(value, on_gpu=bool(on_gpu), vram_mib=vram_mib, ram_mib=ram_mib)
+    except ValueError as exc:
+        raise AnsibleFilterError(f"{exc}: fix it in the rig's inventory file, or remove it for auto") from None
+    if budget is not None:
+        return budget
+    missing = (
+        f"rig_gpu.vram_mib is {vram_mib!r}: set rig_gpu in the rig's host_vars (make discover writes it)"
+        if on_gpu
+        else f"the rig's RAM (ansible_facts memtotal_mb) is {ram_mib!r}: gather facts before the role"
+    )
+    raise AnsibleFilterError(f"{BUDGET_VARIABLE} is auto but {missing}, or set {BUDGET_VARIABLE} to a number of MiB")
 
 
 def _report_line(report: Any, rig: str, instance: str, url: str, spec_type: str, canary_tokens: Any) -> str:
@@ -44,6 +70,8 @@ def _report_line(report: Any, rig: str, instance: str, url: str, spec_type: str,
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "llama_server_memory_budget": _memory_budget,
+            "llama_server_memory_headroom": _memory_headroom,
             "llama_server_nft_allowlist": _nft_allowlist,
             "llama_server_report_line": _report_line,
             "rigkit_is_loopback": is_loopback,

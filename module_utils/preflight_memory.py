@@ -382,3 +382,78 @@ def estimate_memory(
         target_meta=target_meta,
         drafter_meta=drafter_meta,
     )
+
+
+# ---------------------------------------------------------------------------------------------- budget, headroom
+# The llama_server role's budget and headroom, each auto or a number of MiB; these functions are the one rule (the
+# role's filters, the controller preflight, the validation and make discover use them).
+BUDGET_VARIABLE = "llama_server_memory_budget_mib"
+HEADROOM_VARIABLE = "llama_server_memory_headroom_mib"
+# auto headroom: what the estimate does not see (CUDA context, cuBLAS workspaces; the server's own fit ignores the
+# drafter). 1536 MiB on a GPU puts the estimate for E2B + drafter at 8k context (~2,900 MiB) at what the seed
+# article measured on the RTX 3050 (2,875 MiB); measure your rig and lower it per host if you need the room.
+AUTO_HEADROOM_MIB = {"gpu": 1536, "cpu": 256}
+MEMORY_SETTINGS: dict[str, tuple[int, str]] = {
+    BUDGET_VARIABLE: (
+        1,
+        "auto (the GPU's VRAM, rig_gpu.vram_mib, on a GPU rig; the RAM on a CPU rig) or a number of MiB >= 1",
+    ),
+    HEADROOM_VARIABLE: (
+        0,
+        f"auto ({AUTO_HEADROOM_MIB['gpu']} MiB on a GPU rig, {AUTO_HEADROOM_MIB['cpu']} MiB on a CPU rig) "
+        "or a number of MiB >= 0",
+    ),
+}
+
+
+class MemorySettingError(ValueError):
+    """A budget or headroom that is neither auto nor a number of MiB in range."""
+
+    def __init__(self, variable: str, value: Any, accepted: str) -> None:
+        super().__init__(f"{variable} is {value!r}; expected {accepted}")
+        self.variable = variable
+        self.value = value
+        self.accepted = accepted
+
+
+def auto_or_mib(variable: str, value: Any) -> int | None:
+    """None for auto, else ``value`` as MiB within the variable's range (MEMORY_SETTINGS); MemorySettingError
+    otherwise. Extra vars arrive as text, so a string of ASCII digits counts as its number."""
+    low, accepted = MEMORY_SETTINGS[variable]
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
+        number = int(value.strip())
+    else:
+        raise MemorySettingError(variable, value, accepted)
+    if number < low:
+        raise MemorySettingError(variable, value, accepted)
+    return number
+
+
+def _known_mib(figure: Any) -> int | None:
+    """A fact's MiB (rig_gpu.vram_mib, ansible_facts memtotal_mb) when it is a positive number, else None."""
+    if isinstance(figure, bool):
+        return None
+    if isinstance(figure, str) and re.fullmatch(r"[0-9]+", figure.strip()):
+        figure = int(figure.strip())
+    return figure if isinstance(figure, int) and figure > 0 else None
+
+
+def memory_headroom_mib(value: Any, *, on_gpu: bool) -> int:
+    """llama_server_memory_headroom_mib in MiB: auto is AUTO_HEADROOM_MIB's figure for a GPU or a CPU rig."""
+    number = auto_or_mib(HEADROOM_VARIABLE, value)
+    if number is None:
+        return AUTO_HEADROOM_MIB["gpu" if on_gpu else "cpu"]
+    return number
+
+
+def memory_budget_mib(value: Any, *, on_gpu: bool, vram_mib: Any = None, ram_mib: Any = None) -> int | None:
+    """llama_server_memory_budget_mib in MiB: auto is the GPU's VRAM on a GPU rig, the RAM on a CPU rig (None when
+    that figure is not known)."""
+    number = auto_or_mib(BUDGET_VARIABLE, value)
+    if number is None:
+        return _known_mib(vram_mib if on_gpu else ram_mib)
+    return number

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.module_utils.preflight_memory import (
+    BUDGET_VARIABLE,
+    HEADROOM_VARIABLE,
+    memory_budget_mib,
+    memory_headroom_mib,
+)
 from ansible.module_utils.server_preflight import (
     PreflightError,
     check_container_memory,
@@ -24,15 +30,8 @@ from ansible.module_utils.server_preflight import (
 from rigkit.catalog_shape import CATALOG_FILE, catalog_meta, has_shape
 from rigkit.gguf_header_cache import cached_reader
 from rigkit.inventory_files import Sources
-
-
-def cached_model_path(cache_dir: str, entry: Mapping[str, Any]) -> str | None:
-    """Where the models play caches a pinned entry on the controller (<cache>/models/<repo>/resolve/<rev>/<file>)."""
-    if not all(entry.get(key) for key in ("repo", "revision", "filename")):
-        return None
-    return os.path.join(
-        cache_dir, "models", str(entry["repo"]), "resolve", str(entry["revision"]), str(entry["filename"])
-    )
+from rigkit.paths import cached_model_path
+from rigkit.rig_validate import role_defaults
 
 
 def _int_or(value: Any, default: int) -> int:
@@ -42,8 +41,16 @@ def _int_or(value: Any, default: int) -> int:
         return default
 
 
+def _auto_or_mib(resolve: Callable[[Any], int | None], value: Any) -> int | None:
+    """A budget or headroom resolved; a malformed one as auto (the validation refuses it, naming its file)."""
+    try:
+        return resolve(value)
+    except ValueError:
+        return resolve("auto")
+
+
 def controller_preflight(
-    host: str, values: Mapping[str, Any], *, sources: Sources, catalog: Any, cache_dir: str
+    host: str, given: Mapping[str, Any], *, sources: Sources, catalog: Any, cache_dir: str
 ) -> list[str]:
     """Pairing, context and memory fit from the cached GGUF headers and rig_gpu; context and memory fit from the
     catalog's shapes while they are not cached (GPU rigs: a CPU rig's RAM is only known on the rig); [] when
@@ -51,8 +58,10 @@ def controller_preflight(
 
     The budget is rig_gpu.vram_mib on a rig that serves from its GPU (llama_server_memory_budget_mib when the
     inventory sets a number); a CPU rig's RAM is only known on the rig, so there only pairing and context are
-    checked here (the on-rig preflight checks the fit).
+    checked here (the on-rig preflight checks the fit). What ``given`` leaves out is the llama_server role's default.
     """
+    defaults = role_defaults("llama_server")
+    values = {**defaults, **given}
     if not isinstance(catalog, Mapping):
         return []
     target = catalog.get(values.get("models_target"))
@@ -60,30 +69,39 @@ def controller_preflight(
     drafter = catalog.get(drafter_name) if drafter_name else None
     if not isinstance(target, Mapping) or (drafter_name and not isinstance(drafter, Mapping)):
         return []
-    gpu_access = values.get("llama_server_gpu_access", "cdi")
-    on_gpu = gpu_access != "none"
+    on_gpu = values["llama_server_gpu_access"] != "none"
     rig_gpu = values.get("rig_gpu") if isinstance(values.get("rig_gpu"), Mapping) else {}
-    gpu_budget = _int_or(values.get("llama_server_memory_budget_mib"), 0) or _int_or(rig_gpu.get("vram_mib"), 0)
-    budget = gpu_budget if on_gpu and gpu_budget > 0 else 1 << 30  # RAM is not known here: no fit check
-    spec_type = values.get("llama_server_spec_type", "draft-mtp")
+    # A CPU rig's RAM is not known here: no fit check there
+    gpu_budget = (
+        _auto_or_mib(
+            lambda value: memory_budget_mib(value, on_gpu=True, vram_mib=rig_gpu.get("vram_mib")),
+            values[BUDGET_VARIABLE],
+        )
+        if on_gpu
+        else None
+    )
+    budget = gpu_budget or 1 << 30
+    spec_type = values["llama_server_spec_type"]
     settings = {
         "spec_type": spec_type,
-        "ctx_size": _int_or(values.get("llama_server_ctx_size"), 8192),
-        "parallel": values.get("llama_server_parallel", 1),
-        "cache_type_k": values.get("llama_server_cache_type_k", "f16"),
-        "cache_type_v": values.get("llama_server_cache_type_v", "f16"),
-        "swa_full": boolean(values.get("llama_server_swa_full", False), strict=False),
-        "kv_unified": boolean(values.get("llama_server_kv_unified", False), strict=False),
-        "gpu_layers": values.get("llama_server_gpu_layers", "all") if on_gpu else 0,
-        "gpu_layers_draft": values.get("llama_server_gpu_layers_draft", "all") if on_gpu else 0,
-        "flash_attn": values.get("llama_server_flash_attn", "on"),
-        "ubatch_size": values.get("llama_server_ubatch_size") or None,
+        "ctx_size": _int_or(values["llama_server_ctx_size"], defaults["llama_server_ctx_size"]),
+        "parallel": values["llama_server_parallel"],
+        "cache_type_k": values["llama_server_cache_type_k"],
+        "cache_type_v": values["llama_server_cache_type_v"],
+        "swa_full": boolean(values["llama_server_swa_full"], strict=False),
+        "kv_unified": boolean(values["llama_server_kv_unified"], strict=False),
+        "gpu_layers": values["llama_server_gpu_layers"] if on_gpu else 0,
+        "gpu_layers_draft": values["llama_server_gpu_layers_draft"] if on_gpu else 0,
+        "flash_attn": values["llama_server_flash_attn"],
+        "ubatch_size": values["llama_server_ubatch_size"] or None,
         "memory_kind": f"VRAM of {rig_gpu.get('name') or 'the GPU'} (rig_gpu.vram_mib) on {host}" if on_gpu else "RAM",
-        "headroom_mib": _int_or(values.get("llama_server_memory_headroom_mib"), 1536 if on_gpu else 256),
+        "headroom_mib": _auto_or_mib(
+            lambda value: memory_headroom_mib(value, on_gpu=on_gpu), values[HEADROOM_VARIABLE]
+        ),
     }
     where = (
         sources.file_of("llama_server_ctx_size")
-        if "llama_server_ctx_size" in values
+        if "llama_server_ctx_size" in given
         else sources.file_of("models_target")
     )
     uses_drafter = bool(drafter_name) and spec_type != "none"
@@ -93,7 +111,7 @@ def controller_preflight(
         not drafter_name or bool(drafter_path and os.path.isfile(drafter_path))
     )
     if not cached:
-        if on_gpu and gpu_budget > 0:
+        if gpu_budget:
             return _shape_fit(values, settings, gpu_budget, where, target, drafter if uses_drafter else None)
         return []
     try:

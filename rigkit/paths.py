@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rigkit import REPO
 
@@ -21,6 +23,27 @@ RIGKIT_BIN = REPO / "bin" / "rigkit"
 def cache_dir() -> Path:
     """The controller's cache: $RIGKIT_CACHE_DIR, else /var/cache/rigkit (as inventory/group_vars/all resolves it)."""
     return Path(os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit")
+
+
+def model_cache(cache: str | os.PathLike[str]) -> str:
+    """The models play's cache under the controller's cache ``cache``: the mirror's root, in the resolve/ layout."""
+    return os.path.join(cache, "models")
+
+
+def cached_model_path(cache: str | os.PathLike[str], entry: Mapping[str, Any]) -> str | None:
+    """Where the models play caches a pinned entry on the controller: <cache>/models/<repo>/resolve/<revision>/<file>
+    (None while the entry has no repo, revision or file name)."""
+    if not all(entry.get(key) for key in ("repo", "revision", "filename")):
+        return None
+    return os.path.join(
+        model_cache(cache), str(entry["repo"]), "resolve", str(entry["revision"]), str(entry["filename"])
+    )
+
+
+def lock_file(kit: str | os.PathLike[str] = REPO) -> str:
+    """The fleet's lock file (roles/rig_lock's rig_lock_file): $RIGKIT_LOCK_FILE, else <kit>/inventory/rigs.lock.json,
+    ``kit`` being the checkout whose playbooks run."""
+    return os.environ.get("RIGKIT_LOCK_FILE") or os.path.join(kit, "inventory", "rigs.lock.json")
 
 
 def image_lock() -> Path:

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from ansible.module_utils.gguf_metadata import GgufMetadata
 from ansible.module_utils.nvidia_compat import DRIVER_PINS, compute_capability, open_modules_problem
+from ansible.module_utils.preflight_memory import HEADROOM_VARIABLE, memory_headroom_mib
 from ansible.module_utils.server_preflight import estimate_memory, largest_fitting_ctx
 
 from rigkit.catalog_shape import MissingShape
@@ -129,16 +130,14 @@ def _choose_gpu(facts: Facts, vram_override: int | None) -> Gpu:
 
 
 def _headroom(defaults_text: str, kind: str) -> int:
-    """llama_server_memory_headroom_mib from roles/llama_server/defaults/main.yml ("{{ G if ... else C }}")."""
-    match = re.search(
-        r"^llama_server_memory_headroom_mib:\s*\"\{\{\s*([0-9]+)\s+if .* else ([0-9]+)\s*\}\}\"", defaults_text, re.M
-    )
-    if not match:
+    """The llama_server role's default headroom (defaults/main.yml), resolved as the rig resolves it."""
+    defaults = yaml.safe_load(defaults_text) or {}
+    try:
+        return memory_headroom_mib(defaults.get(HEADROOM_VARIABLE), on_gpu=kind == "gpu")
+    except ValueError as exc:
         raise DiscoverError(
-            "cannot read llama_server_memory_headroom_mib from roles/llama_server/defaults/main.yml (expected "
-            '"{{ GPU_MIB if ... else CPU_MIB }}"): update rig_discovery._headroom to its new form'
-        )
-    return int(match.group(1) if kind == "gpu" else match.group(2))
+            f"roles/llama_server/defaults/main.yml: {exc}: restore it (auto) from the repository"
+        ) from None
 
 
 def _fit(

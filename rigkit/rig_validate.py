@@ -29,6 +29,7 @@ from ansible.module_utils.model_catalog import CATALOG_PATH, CatalogError, deplo
 from ansible.module_utils.net_address import is_loopback
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks
 from ansible.module_utils.nvidia_compat import pci_device_id
+from ansible.module_utils.preflight_memory import MEMORY_SETTINGS, MemorySettingError, auto_or_mib
 
 import rigkit
 from rigkit.compat_plan import ROLES as COMPAT_ROLES
@@ -178,6 +179,16 @@ def _check_range(report: Report, name: str, value: Any) -> None:
         return
     if value < low or (high is not None and value > high):
         report.add(name, value, f"expected {what}")
+
+
+def _check_memory_settings(report: Report, values: Mapping[str, Any]) -> None:
+    """The preflight's budget and headroom: auto or MiB in range, by the rule the role's filters apply."""
+    for name in MEMORY_SETTINGS:
+        if name in values:
+            try:
+                auto_or_mib(name, values[name])
+            except MemorySettingError as exc:
+                report.add(name, values[name], f"expected {exc.accepted}")
 
 
 def _check_gpu_layers(report: Report, name: str, value: Any) -> None:
@@ -359,6 +370,7 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
     for name in GPU_LAYER_VARIABLES:
         if name in values:
             _check_gpu_layers(report, name, values[name])
+    _check_memory_settings(report, values)
     _check_container_limits(report, values)
     n_min, n_max = values.get("llama_server_spec_draft_n_min"), values.get("llama_server_spec_draft_n_max")
     if _is_int(n_min) and _is_int(n_max) and n_min > n_max:

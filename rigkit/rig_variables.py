@@ -116,7 +116,8 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 CUDA_ARCHITECTURES_RE = re.compile(r"^[0-9]+(-real|-virtual)?(;[0-9]+(-real|-virtual)?)*\Z")
 DRIVER_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?\Z")
 
-# Integer ranges the specs' types cannot say: (lowest, highest or None, what is accepted).
+# Integer ranges the specs' types cannot say: (lowest, highest or None, what is accepted). The preflight's budget and
+# headroom (auto or MiB) have theirs with their auto rule, in module_utils/preflight_memory.py MEMORY_SETTINGS.
 PORT = (1, 65535, "a port 1-65535")
 POSITIVE = (1, None, "a positive integer")
 NON_NEGATIVE = (0, None, "an integer >= 0")
@@ -137,8 +138,6 @@ RANGES: dict[str, tuple[int, int | None, str]] = {
     "llama_server_canary_tokens": POSITIVE,
     "llama_server_restart_sec": NON_NEGATIVE,
     "llama_server_stop_timeout": POSITIVE,
-    "llama_server_memory_budget_mib": POSITIVE,
-    "llama_server_memory_headroom_mib": NON_NEGATIVE,
     "llama_server_container_memory_margin_mib": NON_NEGATIVE,
     "llama_server_container_memory_floor_mib": NON_NEGATIVE,
     "llama_server_container_pids_limit": (

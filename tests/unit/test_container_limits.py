@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.gguf_metadata import read_gguf_metadata
+from ansible.module_utils.preflight_memory import memory_headroom_mib
 from ansible.module_utils.server_preflight import (
     MIB,
     check_container_memory,
@@ -35,7 +36,7 @@ def sandbox_settings(host: str) -> dict[str, Any]:
         "flash_attn": values["llama_server_flash_attn"],
         "gpu_layers": values["llama_server_gpu_layers"],
         "gpu_layers_draft": values["llama_server_gpu_layers_draft"],
-        "headroom_mib": 256,  # llama_server_memory_headroom_mib on a CPU rig (gpu_access none)
+        "headroom_mib": memory_headroom_mib("auto", on_gpu=False),  # the role's default on a CPU rig (gpu_access none)
     }
 
 

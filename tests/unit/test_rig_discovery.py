@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.gguf_metadata import read_gguf_metadata
+from ansible.module_utils.preflight_memory import memory_headroom_mib
 from ansible.module_utils.server_preflight import MIB, estimate_memory
 
 from rigkit.rig_discovery import (
@@ -231,7 +232,8 @@ def test_context_is_the_largest_that_fits_rounded_down_to_1024() -> None:
     ctx = written["llama_server_ctx_size"]
     assert ctx % 1024 == 0 and 1024 <= ctx < 32768
     target = catalog_meta("gemma-3-270m-it-q4_k_m", CATALOG["gemma-3-270m-it-q4_k_m"])
-    settings = {"gpu_layers": 0, "flash_attn": "off", "headroom_mib": 256, "parallel": 1}
+    headroom = memory_headroom_mib("auto", on_gpu=False)  # the role's default on a CPU rig
+    settings = {"gpu_layers": 0, "flash_attn": "off", "headroom_mib": headroom, "parallel": 1}
     assert estimate_memory(target, target, ctx_size=ctx, **settings).total <= 1200 * MIB
     assert estimate_memory(target, target, ctx_size=ctx + 1024, **settings).total > 1200 * MIB
 

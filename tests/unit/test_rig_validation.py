@@ -293,6 +293,16 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         ["{file}: docker_daemon_options.hosts has 'tcp://0.0.0.0:2375': the Docker API on 0.0.0.0 is root"],
     ),
     ("wants-cuda", {"rig_wants_cuda": "perhaps"}, ['{file}: rig_wants_cuda is "perhaps"; expected bool']),
+    (
+        "headroom-typo",
+        {"llama_server_memory_headroom_mib": "autoo"},
+        ['{file}: llama_server_memory_headroom_mib is "autoo"; expected auto (1536 MiB on a GPU rig'],
+    ),
+    (
+        "headroom-negative",
+        {"llama_server_memory_headroom_mib": -5},
+        ["{file}: llama_server_memory_headroom_mib is -5; expected auto (1536 MiB on a GPU rig"],
+    ),
 ]
 
 
@@ -700,3 +710,29 @@ def test_context_beyond_the_catalogs_trained_context_is_refused():
         "--extra-vars (overriding inventory/host_vars/sandbox-mtp.yml): llama_server_ctx_size is 4096; expected at "
         "most 1024, the context tiny-gemma4-target was trained for (its catalog shape.context_length)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "accepted"),
+    [
+        ("llama_server_memory_headroom_mib", "autoo", "auto (1536 MiB on a GPU rig, 256 MiB on a CPU rig) or a number"),
+        ("llama_server_memory_headroom_mib", -5, "auto (1536 MiB on a GPU rig, 256 MiB on a CPU rig) or a number"),
+        ("llama_server_memory_budget_mib", "autoo", "auto (the GPU's VRAM, rig_gpu.vram_mib, on a GPU rig; the RAM"),
+        ("llama_server_memory_budget_mib", 0, "auto (the GPU's VRAM, rig_gpu.vram_mib, on a GPU rig; the RAM"),
+    ],
+)
+def test_memory_budget_and_headroom_are_auto_or_mib(variable, value, accepted):
+    """auto (the role's default) and a number of MiB pass; anything else is refused by the rule the role applies
+    (module_utils/preflight_memory.py), naming the file, the variable, the value and what is accepted."""
+    from rigkit.inventory_files import Sources, show
+    from rigkit.rig_validate import load_specs, rig_problems
+
+    values = _inventory_values(REPO / "inventory/host_vars/sandbox-mtp.yml", ["sandbox_rigs"])
+    sources = Sources(str(REPO / "inventory"), "sandbox-mtp", ["sandbox_rigs", "rigs"])
+    specs = load_specs(str(REPO / "roles"))
+    for good in ("auto", "AUTO", 2048, "2048"):
+        assert (
+            rig_problems("sandbox-mtp", {**values, variable: good}, specs=specs, sources=sources, catalog=CATALOG) == []
+        )
+    (problem,) = rig_problems("sandbox-mtp", {**values, variable: value}, specs=specs, sources=sources, catalog=CATALOG)
+    assert problem.startswith(f"--extra-vars or a role default: {variable} is {show(value)}; expected {accepted}")
