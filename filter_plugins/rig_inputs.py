@@ -7,12 +7,12 @@ now. library/rig_converged compares both with what the rig's last full converge 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
+from rigkit.paths import lock_file
 from rigkit.rig_inputs import inputs_digest, lock_digest
 
 # isort: split
@@ -30,7 +30,7 @@ def _lock_path(hostvars: Mapping[str, Any]) -> str:
         configured = None
     if isinstance(configured, str) and configured:
         return configured
-    return os.environ.get("RIGKIT_LOCK_FILE") or os.path.join(KIT, "inventory", "rigs.lock.json")
+    return lock_file(KIT)
 
 
 def rig_inputs_digest(hostvars: Mapping[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""The model catalog: which GGUF files the kit can deploy, and whether an entry may be deployed.
+"""The model catalog: which GGUF files the kit can deploy, whether an entry may be deployed, and where it lives
+on a rig (rig_model_path: the one spelling of that layout, for the models role's filters and the tests).
 
 The catalog lives in inventory/group_vars/all/model_catalog.yml as the variable `model_catalog`,
 a mapping from entry name to its fields. Hosts name entries; they never carry URLs or hashes.
@@ -6,7 +7,9 @@ a mapping from entry name to its fields. Hosts name entries; they never carry UR
 
 from __future__ import annotations
 
+import posixpath
 import re
+from collections.abc import Mapping
 from typing import Any
 
 ROLES = ("target", "drafter")
@@ -154,3 +157,13 @@ def deployable_entry(catalog: dict[str, Any], name: str, role: str | None = None
     """An entry that may be deployed: known, well formed, of the expected role and fully pinned."""
     usable_entry(catalog, name, role)
     return check_deployable(name, catalog[name])
+
+
+def rig_model_dir(models_dir: str, entry: Mapping[str, Any]) -> str:
+    """A pinned entry's directory on the rig: <models_dir>/<first 16 hex of its sha256> (a new pin, a new path)."""
+    return f"{models_dir}/{str(entry['sha256'])[:16]}"
+
+
+def rig_model_path(models_dir: str, entry: Mapping[str, Any]) -> str:
+    """Where a pinned entry lives on the rig: <models_dir>/<first 16 hex of its sha256>/<its file name>."""
+    return f"{rig_model_dir(models_dir, entry)}/{posixpath.basename(str(entry['filename']))}"

@@ -100,9 +100,14 @@ def read_lock(path: str) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise LockError(f"{path}: cannot read the lock file: {exc}") from exc
+        raise LockError(
+            f"{path}: cannot read the lock file: {exc}; restore it from version control (or fix its JSON), then re-run"
+        ) from exc
     if not isinstance(data, dict) or not isinstance(data.get("rigs", {}), dict):
-        raise LockError(f'{path}: not a rigkit lock file (expected {{"rigs": {{name: entry}}}})')
+        raise LockError(
+            f'{path}: not a rigkit lock file (expected {{"rigs": {{name: entry}}}}); restore it from version control, '
+            "or point RIGKIT_LOCK_FILE at the kit's lock file"
+        )
     return data.get("rigs", {})
 
 

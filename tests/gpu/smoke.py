@@ -95,7 +95,7 @@ def preflight_estimate(models: Path, *, gpu: bool, budget_mib: float) -> dict[st
         "flash_attn": "on",
         "gpu_layers": "all" if gpu else "0",
         "gpu_layers_draft": "all" if gpu else "0",
-        "headroom_mib": 1536 if gpu else 256,
+        "headroom_mib": kit_module_utils("preflight_memory").memory_headroom_mib("auto", on_gpu=gpu),
     }
     result = server_preflight.preflight(models / TARGET, models / DRAFTER, settings, budget_mib)
     return {

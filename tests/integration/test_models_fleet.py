@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible.module_utils.model_catalog import rig_model_path
 
+from rigkit.paths import cached_model_path
 from tests.support import REPO, Run, recap, run
 
 FLEET = ("fleet1", "fleet2", "fleet3")
@@ -48,8 +50,7 @@ def url_path(name: str) -> str:
 
 
 def rig_path(name: str) -> str:
-    entry = CATALOG[name]
-    return f"{MODELS_DIR}/{entry['sha256'][:16]}/{Path(entry['filename']).name}"
+    return rig_model_path(MODELS_DIR, CATALOG[name])
 
 
 def remove_rigs() -> None:
@@ -142,7 +143,7 @@ def test_controller_mirror_serves_every_rig(fleet: Fleet, first_run: Run) -> Non
 def test_controller_cache_holds_verified_files(fleet: Fleet, first_run: Run) -> None:
     for name in USED:
         entry = CATALOG[name]
-        cached = fleet.cache / "models" / entry["repo"] / "resolve" / entry["revision"] / entry["filename"]
+        cached = Path(cached_model_path(fleet.cache, entry))
         assert hashlib.sha256(cached.read_bytes()).hexdigest() == entry["sha256"]
 
 
@@ -211,7 +212,7 @@ def test_bad_pin_fails_and_keeps_the_good_files(fleet: Fleet, first_run: Run, tm
     assert result.returncode != 0
     assert "sha256 mismatch" in result.output, result.tail(80)
     entry = CATALOG[name]
-    cached = fleet.cache / "models" / entry["repo"] / "resolve" / entry["revision"] / entry["filename"]
+    cached = Path(cached_model_path(fleet.cache, entry))
     assert hashlib.sha256(cached.read_bytes()).hexdigest() == entry["sha256"]  # the cache kept the good file
     assert not Path(f"{cached}.part").exists()
     for host, names in RIG_MODELS.items():

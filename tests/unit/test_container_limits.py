@@ -22,6 +22,7 @@ from ansible.module_utils.server_preflight import (
     host_memory_estimate,
 )
 
+from rigkit.paths import cached_model_path
 from tests import support
 from tests.support import REPO, exec_start_argv, render_server_files, unavailable
 
@@ -154,7 +155,7 @@ def test_controller_preflight_refuses_a_limit_below_the_estimate(gemma3_270m_ggu
 
     catalog = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
     entry = catalog["gemma-3-270m-it-q4_k_m"]
-    cached = tmp_path / "models" / entry["repo"] / "resolve" / entry["revision"] / entry["filename"]
+    cached = Path(str(cached_model_path(tmp_path, entry)))
     cached.parent.mkdir(parents=True)
     cached.symlink_to(gemma3_270m_gguf)
     values = {"rig_kind": "sandbox", "llama_server_gpu_access": "none"}

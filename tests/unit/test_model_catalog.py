@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
 from ansible.module_utils.model_catalog import (
     CatalogError,
     catalog_entry,
@@ -13,8 +14,12 @@ from ansible.module_utils.model_catalog import (
     deployable_entry,
     entry_problems,
     host_pin_refusal,
+    rig_model_dir,
+    rig_model_path,
 )
 
+from filter_plugins.model_catalog import FilterModule
+from rigkit.paths import cached_model_path, model_cache
 from tests.support import REPO
 
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
@@ -166,3 +171,37 @@ def test_dangling_pairs_with_is_a_problem():
     catalog = copy.deepcopy(CATALOG)
     catalog["gemma-4-E2B-it-qat-assistant-q4_0-exact"]["pairs_with"] = "nope"
     assert any("pairs_with names 'nope'" in problem for problem in catalog_problems(catalog))
+
+
+# ---------------------------------------------------------------------------------------------- where it lives
+PINNED = {
+    "name": "x",
+    "repo": "owner/x-GGUF",
+    "revision": "0" * 40,
+    "filename": "MTP/x-Q8_0.gguf",
+    "sha256": "ab" * 32,
+    "size": 1,
+}
+
+
+def test_an_entry_lives_on_the_rig_under_its_sha256_by_its_file_name():
+    assert rig_model_dir("/var/lib/rigkit/models", PINNED) == "/var/lib/rigkit/models/abababababababab"
+    assert rig_model_path("/var/lib/rigkit/models", PINNED) == "/var/lib/rigkit/models/abababababababab/x-Q8_0.gguf"
+
+
+def test_the_role_filters_build_the_rig_path_and_leave_an_unpinned_entry_without_one():
+    filters = FilterModule().filters()
+    assert filters["rig_model_path"](PINNED, "/m") == rig_model_path("/m", PINNED)
+    assert filters["rig_model_dir"](PINNED, "/m") == rig_model_dir("/m", PINNED)
+    assert filters["rig_model_path"]({}, "/m") == ""  # no drafter
+    assert filters["rig_model_path"]({**PINNED, "sha256": None}, "/m") == ""  # make status on an unpinned entry
+
+
+def test_the_controller_caches_an_entry_in_the_resolve_layout():
+    filters = FilterModule().filters()
+    expected = f"/c/models/owner/x-GGUF/resolve/{'0' * 40}/MTP/x-Q8_0.gguf"
+    assert cached_model_path("/c", PINNED) == filters["controller_cached_model"](PINNED, "/c") == expected
+    assert model_cache("/c") == filters["controller_model_cache"]("/c") == "/c/models"
+    assert cached_model_path("/c", {**PINNED, "revision": None}) is None
+    with pytest.raises(AnsibleFilterError, match="pin it first \\(make pin model=x\\)"):
+        filters["controller_cached_model"]({**PINNED, "revision": None}, "/c")

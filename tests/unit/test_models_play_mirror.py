@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible.module_utils.model_catalog import rig_model_path
 
 from rigkit.model_mirror import ModelMirror
 
@@ -99,7 +100,7 @@ def test_the_fleet_mirror_is_bound_secret_and_gone_afterwards(upstream: ModelMir
     for rig in ("hrig1", "hrig2"):
         for name in (TARGET, DRAFTER):
             entry = CATALOG[name]
-            path = tmp_path / rig / "models" / entry["sha256"][:16] / entry["filename"]
+            path = Path(rig_model_path(str(tmp_path / rig / "models"), entry))
             assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]
     log = (run_dir / "mirror.log").read_text()
     assert re.search(r"serving \S+ on 127\.0\.0\.1:\d+", log)
@@ -128,4 +129,4 @@ def test_rigs_that_reach_the_controller_at_different_addresses_get_one_listener_
     log = (run_dir / "mirror.log").read_text()
     assert re.search(r"serving \S+ on 127\.0\.0\.1, 127\.0\.0\.2:\d+", log), log
     entry = CATALOG[TARGET]  # hrig2's base URL names 127.0.0.2 only: its files came through that listener
-    assert (tmp_path / "hrig2" / "models" / entry["sha256"][:16] / entry["filename"]).is_file()
+    assert Path(rig_model_path(str(tmp_path / "hrig2" / "models"), entry)).is_file()

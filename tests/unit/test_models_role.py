@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible.module_utils.model_catalog import rig_model_dir, rig_model_path
 
 from rigkit.model_mirror import ModelMirror
 from rigkit.sandbox.hub import build_hub
@@ -80,8 +81,7 @@ def facts(output: dict[str, Any], host: str) -> dict[str, Any]:
 
 
 def model_file(models_dir: Path, name: str) -> Path:
-    entry = CATALOG[name]
-    return models_dir / entry["sha256"][:16] / Path(entry["filename"]).name
+    return Path(rig_model_path(str(models_dir), CATALOG[name]))
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_deploy_rerun_check_and_prune(tmp_path: Path, stand_in: str) -> None:
     assert second["stats"]["rig"]["changed"] == 0
 
     # Prune: the drafter is no longer wanted, an old model is kept by name, a stray file goes.
-    kept = models / CATALOG["gemma-3-270m-it-q4_k_m"]["sha256"][:16]
+    kept = Path(rig_model_dir(str(models), CATALOG["gemma-3-270m-it-q4_k_m"]))
     kept.mkdir()
     (kept / "gemma-3-270m-it-Q4_K_M.gguf").write_text("kept")
     (models / "stray.txt").write_text("nobody's")
@@ -172,5 +172,5 @@ def test_deploy_rerun_check_and_prune(tmp_path: Path, stand_in: str) -> None:
     assert model_file(models, PAIR[1]).exists() and (models / "stray.txt").exists()  # check mode removed nothing
     pruned = play(tmp_path, {"rig": pruning})
     assert pruned["stats"]["rig"]["failures"] == 0
-    assert sorted(p.name for p in models.iterdir()) == sorted([CATALOG[PAIR[0]]["sha256"][:16], kept.name])
+    assert sorted(p.name for p in models.iterdir()) == sorted([model_file(models, PAIR[0]).parent.name, kept.name])
     assert facts(pruned, "rig")["drafter"] == ""

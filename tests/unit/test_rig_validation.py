@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rigkit.paths import cached_model_path
 from rigkit.sandbox.tiny_gemma4 import write_pair
 from tests.support import REPO, run
 
@@ -457,7 +458,7 @@ def _cache_pair(cache: Path) -> None:
     paths = []
     for name in ("tiny-gemma4-target", "tiny-gemma4-assistant"):
         entry = CATALOG[name]
-        path = cache / "models" / entry["repo"] / "resolve" / entry["revision"] / entry["filename"]
+        path = Path(str(cached_model_path(cache, entry)))
         path.parent.mkdir(parents=True, exist_ok=True)
         paths.append(path)
     write_pair(paths[0], paths[1])
@@ -539,7 +540,7 @@ def test_a_mismatched_pair_is_refused_on_the_cached_headers(tmp_path, recorder):
     cache = tmp_path / "cache"
     _cache_pair(cache)
     drafter = CATALOG["tiny-gemma4-assistant"]
-    drafter_path = cache / "models" / drafter["repo"] / "resolve" / drafter["revision"] / drafter["filename"]
+    drafter_path = Path(str(cached_model_path(cache, drafter)))
     target_path = drafter_path.parent / CATALOG["tiny-gemma4-target"]["filename"]
     write_pair(target_path, drafter_path, embedding_length_out=96)
     inventory = make_inventory(tmp_path, {"mismatch": {}}, recorder.port)

@@ -8,6 +8,11 @@ import pathlib
 import pytest
 import yaml
 
+import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
+
+# isort: split
+from ansible.module_utils.model_catalog import rig_model_path
+
 REPO = pathlib.Path(__file__).resolve().parents[5]
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
 MODELS_DIR = "/var/lib/rigkit/models"
@@ -15,8 +20,7 @@ DEPLOYED = ("tiny-gemma4-target", "tiny-gemma4-assistant")
 
 
 def model_path(name: str) -> str:
-    entry = CATALOG[name]
-    return f"{MODELS_DIR}/{entry['sha256'][:16]}/{pathlib.PurePath(entry['filename']).name}"
+    return rig_model_path(MODELS_DIR, CATALOG[name])
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +65,9 @@ def test_path_facts(facts):
 def test_prune_removed_only_what_nothing_references(host):
     assert not host.file(f"{MODELS_DIR}/0123456789abcdef").exists
     assert not host.file(f"{MODELS_DIR}/notes.txt").exists
-    kept = host.file(f"{MODELS_DIR}/{CATALOG['gemma-3-270m-it-q4_k_m']['sha256'][:16]}/gemma-3-270m-it-Q4_K_M.gguf")
+    kept = host.file(model_path("gemma-3-270m-it-q4_k_m"))
     assert kept.is_file
     listing = sorted(host.check_output(f"ls -A {MODELS_DIR}").split())
-    expected = sorted({CATALOG[name]["sha256"][:16] for name in (*DEPLOYED, "gemma-3-270m-it-q4_k_m")})
+    kept_names = (*DEPLOYED, "gemma-3-270m-it-q4_k_m")
+    expected = sorted({pathlib.PurePath(model_path(name)).parent.name for name in kept_names})
     assert listing == expected
