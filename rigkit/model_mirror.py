@@ -61,6 +61,8 @@ from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 
+from ansible.module_utils.net_address import is_loopback
+
 from rigkit.http_range import answer_range
 from rigkit.mirror_files import open_served_file, url_parts
 
@@ -109,13 +111,6 @@ def _is_wildcard(address: str) -> bool:
         return socket.inet_aton(text) == bytes(4)
     except (OSError, ValueError):  # a host name, or not an IPv4 spelling at all
         return False
-
-
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
 
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -464,7 +459,7 @@ class ModelMirror:
                 )
         if secret is not None and (len(secret) < 16 or not re.fullmatch(r"[A-Za-z0-9_-]+", secret)):
             raise MirrorError("the mirror's secret must be 16 or more URL-safe characters ([A-Za-z0-9_-])")
-        lan = [address for address in binds if not _is_loopback(address)]
+        lan = [address for address in binds if not is_loopback(address)]
         if lan and (secret is None or allow is None):
             raise MirrorError(
                 f"a mirror on {', '.join(lan)} (not loopback) needs a secret and an allow-list of the files to serve: "
