@@ -57,7 +57,7 @@ pin: setup ## pin from Hugging Face: make pin model=NAME [revision=REF] [force=1
 	@$(BIN)/python bin/rigkit pin $(if $(model),'$(model)',) $(if $(revision),--revision '$(revision)',) \
 		$(if $(filter command line,$(origin host)),--host '$(host)',) $(if $(filter 1 yes true,$(force)),--force,) $(ARGS)
 
-plan: setup ## a GPU rig's compatibility plan (image CUDA, driver, GPU, module flavour, known-good kernels): make plan host=NAME
+plan: setup ## a GPU rig's compatibility plan (image CUDA, driver, GPU, module flavour, known-good kernels, pins still in the archive, next kernel): make plan host=NAME
 	@$(BIN)/python bin/rigkit check-host '$(host)'
 	$(BIN)/python bin/rigkit plan --host '$(host)'
 

@@ -2,13 +2,20 @@
 pinned driver → the kernels its DKMS module is known to build for. Refusals for the validation play
 (``compat_problems``) and the lines ``make plan host=NAME`` prints (``plan_lines``); the rules themselves live in
 module_utils/cuda_compat.py and module_utils/nvidia_compat.py.
+
+On a rig that installs Debian's own driver packages, ``archive_report`` adds what Debian's archive says (read on
+the controller through rigkit/debian_archive.py, never on the rig): whether the packages the nvidia_driver role
+installs are still there at the pinned version (a dropped pin is refused, with the version of the same branch to
+move to), and the kernel ``linux-image-amd64`` would install next, against the kernels the DKMS receipt lists.
+Suites, components and package names are the role's own (roles/nvidia_driver/vars/), rendered for the release.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +32,7 @@ from ansible.module_utils.cuda_compat import (
 from ansible.module_utils.nvidia_compat import compute_capability, open_modules_problem
 
 from rigkit import REPO, proofs
+from rigkit.debian_archive import ArchiveError, Index, dpkg_key, kernel_abi, mirrors, newest, split_version
 
 IMAGE_BASE = "llamacpp_image_runtime_base"
 _DKMS_LINE_RE = re.compile(r"^nvidia(?:-current)?(?:-open)?/(?P<driver>[0-9.]+), (?P<kernel>[^,\s]+), \S+: installed$")
@@ -119,12 +127,226 @@ def known_good_kernels(root: Path = REPO) -> dict[str, dict[str, Any]]:
     return found
 
 
+# ------------------------------------------------------------------------------------ Debian's archive
+# (mirror, suite, component) -> that index; ArchiveError when neither the archive nor a cached copy has it.
+Lookup = Callable[[str, str, str], Index]
+Finding = tuple[str, Any, str]
+KERNEL_PACKAGE = "linux-image-amd64"
+_INDENT = " " * 12
+
+
+@dataclass(frozen=True)
+class ArchiveReport:
+    """The archive's rows of the plan, and the refusals among them (a pin the archive dropped)."""
+
+    lines: tuple[str, ...] = ()
+    findings: tuple[Finding, ...] = ()
+
+
+@dataclass(frozen=True)
+class Source:
+    """One suite of the apt sources the role adds, on its mirror, with the components it enables."""
+
+    mirror: str
+    suite: str
+    components: tuple[str, ...]
+
+
+def _role_vars(root: Path, name: str) -> dict[str, Any]:
+    from ansible.parsing.dataloader import DataLoader
+
+    path = root / "roles" / "nvidia_driver" / "vars" / f"{name}.yml"
+    return DataLoader().load_from_file(str(path), trusted_as_template=True) or {}
+
+
+def debian_release(values: Mapping[str, Any], root: Path = REPO) -> tuple[str | None, str]:
+    """(the Debian release whose archive the rig's driver comes from, how that is known), or (None, why not)."""
+    source = values.get("nvidia_driver_source")
+    if source != "distro":
+        return None, f"nvidia_driver_source is {source!r}: the driver does not come from Debian's archive"
+    branch = str(values.get("nvidia_driver_branch") or "")
+    branches = _role_vars(root, "Debian").get("__nvidia_driver_distro_branches") or {}
+    releases = [str(release) for release, carried in branches.items() if str(carried) == branch]
+    if not releases:
+        return None, (
+            f"no Debian release's non-free archive carries branch {branch} (roles/nvidia_driver/vars/Debian.yml): "
+            "a Debian rig cannot install it from there, and Ubuntu's archive is not read"
+        )
+    return releases[0], (
+        f"Debian {releases[0]}, the release whose non-free archive carries branch {branch} (the inventory does "
+        "not name a rig's distribution)"
+    )
+
+
+def _headless(values: Mapping[str, Any]) -> bool:
+    """nvidia_driver_headless as the role resolves it: the inventory's value, else rig_gpu.headless."""
+    value = values.get("nvidia_driver_headless")
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and "{{" not in value:
+        return value.strip().lower() in ("true", "yes", "1", "on")
+    rig_gpu = values.get("rig_gpu") if isinstance(values.get("rig_gpu"), Mapping) else {}
+    return str(rig_gpu.get("headless", False)).lower() in ("true", "yes", "1", "on")
+
+
+def role_sources(values: Mapping[str, Any], release: str, root: Path = REPO) -> tuple[list[str], list[Source]]:
+    """The packages the role installs on this rig (a GPU is present: full, or headless) and the suites it adds,
+    rendered from roles/nvidia_driver/vars/ for ``release`` over the rig's variables and the mirrors."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+
+    common, debian = _role_vars(root, "main"), _role_vars(root, "Debian")
+    facts = {"distribution": "Debian", "distribution_release": release}
+    templar = Templar(
+        loader=DataLoader(), variables={**common, **debian, **values, **mirrors(values), "ansible_facts": facts}
+    )
+    flavour = "headless" if _headless(values) else "full"
+    packages = [str(name) for name in templar.template(debian["__nvidia_driver_package_sets"]["distro"][flavour])]
+    sources = [
+        Source(str(uri), str(suite), tuple(str(c) for c in templar.template(repo["components"])))
+        for repo in common["__nvidia_driver_debian_nonfree"]
+        for uri in templar.template(repo["uris"])
+        for suite in templar.template(repo["suites"])
+    ]
+    return packages, sources
+
+
+def _indexes(lookup: Lookup, wanted: Sequence[tuple[str, str, str]]) -> tuple[list[Index], list[str]]:
+    """The indexes that could be read, and why each other one could not."""
+    found: list[Index] = []
+    errors: list[str] = []
+    for mirror, suite, component in dict.fromkeys(wanted):
+        try:
+            found.append(lookup(mirror, suite, component))
+        except ArchiveError as exc:
+            errors.append(str(exc))
+    return found, errors
+
+
+def _dkms_target(version: str, root: Path) -> str:
+    """The make target of the DKMS proof that covers ``version`` (else the first DKMS proof, else all proofs)."""
+    if entry := known_good_kernels(root).get(version):
+        return str(entry["target"])
+    return next((item.make_target for item in proofs.PROOFS if "dkms" in item.name), "proofs")
+
+
+def _move_to(rig: RigCompat, packages: Sequence[str], indexes: Sequence[Index]) -> str | None:
+    """The newest upstream version of the pinned branch that the archive carries for every package."""
+    common: set[str] | None = None
+    for package in packages:
+        upstreams = {
+            split_version(version)[1]
+            for index in indexes
+            for version in index.versions(package)
+            if split_version(version)[1].startswith(f"{rig.branch}.")
+        }
+        common = upstreams if common is None else common & upstreams
+    return newest(common or ())
+
+
+def _dropped_finding(host: str, rig: RigCompat, dropped: Sequence[str], target: str | None, proof: str) -> Finding:
+    missing = f"Debian's archive no longer carries {', '.join(dropped)} at {rig.version}"
+    if target is None:
+        why = (
+            f"{missing}, nor any build of branch {rig.branch} for all the driver's packages: pin another "
+            "nvidia_driver_branch / nvidia_driver_version, or set nvidia_driver_source: nvidia"
+        )
+    else:
+        why = (
+            f'{missing} (branch {rig.branch}\'s newest there is {target}): set nvidia_driver_version: "{target}" in '
+            f"inventory/host_vars/{host}.yml, then make plan host={host} and make {proof}"
+        )
+    return ("nvidia_driver_version", rig.version, why)
+
+
+def _pin_rows(
+    host: str, rig: RigCompat, packages: Sequence[str], sources: Sequence[Source], lookup: Lookup, root: Path
+) -> tuple[list[str], list[Finding], list[Index]]:
+    """A row per package the role pins: the version the archive carries for the pin, or the refusal."""
+    indexes, errors = _indexes(lookup, [(s.mirror, s.suite, c) for s in sources for c in s.components])
+    suites = ", ".join(dict.fromkeys(source.suite for source in sources))
+    rows: list[str] = []
+    dropped: list[str] = []
+    for package in packages:
+        carried = [(v, index.where) for index in indexes for v in index.versions(package)]
+        pinned = [(v, where) for v, where in carried if fnmatch.fnmatchcase(v, f"{rig.version}-*")]
+        if pinned:
+            version, where = max(pinned, key=lambda pair: dpkg_key(pair[0]))
+            rows.append(f"{package} {version} ({where}) -> ok")
+        elif errors:
+            rows.append(f"{package}={rig.version}-*: not in what could be read: {'; '.join(errors)}")
+        else:
+            dropped.append(package)
+            rows.append(f"{package}={rig.version}-*: not in {suites} -> refused: the archive dropped this pin")
+    if not dropped:
+        return rows, [], indexes
+    proof = _dkms_target(rig.version, root)
+    finding = _dropped_finding(host, rig, dropped, _move_to(rig, packages, indexes), proof)
+    return [*rows, f"refused: {finding[2]}"], [finding], indexes
+
+
+def _kernel_verdict(rig: RigCompat, abi: str, root: Path) -> str:
+    entry = known_good_kernels(root).get(rig.version)
+    if entry and abi in entry["kernels"]:
+        stale = "" if entry["valid"] else f" (receipt stale: make {entry['target']})"
+        return f"ok: built by the receipt ({entry['receipt']}){stale}"
+    listed = f"the receipt lists {', '.join(entry['kernels'])}" if entry else f"no DKMS receipt for {rig.version}"
+    return f"warning: no known-good module ({listed}): re-run make {_dkms_target(rig.version, root)}"
+
+
+def _kernel_row(rig: RigCompat, sources: Sequence[Source], lookup: Lookup, root: Path) -> tuple[str, list[Index]]:
+    """The kernel ABI linux-image-amd64 pulls in the newest of the rig's suites, against the DKMS receipt."""
+    indexes, errors = _indexes(lookup, [(source.mirror, source.suite, "main") for source in sources])
+    if errors:
+        return "; ".join(errors), indexes
+    candidates = [(stanza, index) for index in indexes for stanza in index.stanzas(KERNEL_PACKAGE)]
+    if not candidates:
+        suites = ", ".join(index.suite for index in indexes)
+        return f"cannot check: no {KERNEL_PACKAGE} in {suites} (main)", indexes
+    stanza, index = max(candidates, key=lambda pair: dpkg_key(pair[0].version))
+    abi = kernel_abi(stanza)
+    if abi is None:
+        return f"cannot check: {KERNEL_PACKAGE} {stanza.version} names no kernel (Depends: {stanza.depends})", indexes
+    return (
+        f"{KERNEL_PACKAGE} {stanza.version} ({index.where}) installs {abi} -> {_kernel_verdict(rig, abi, root)}",
+        indexes,
+    )
+
+
+def archive_report(host: str, values: Mapping[str, Any], lookup: Lookup, root: Path = REPO) -> ArchiveReport:
+    """The plan's `archive` and `next kernel` rows for a GPU rig, read from Debian's archive through ``lookup``
+    (the controller's cached indexes; the rig is never contacted), and the refusal of a pin the archive dropped."""
+    if values.get("rig_kind") != "gpu":
+        return ArchiveReport()
+    rig = RigCompat.of(values)
+    release, how = debian_release(values, root)
+    if release is None:
+        return ArchiveReport((f"  archive   not checked: {how}", f"  next kernel  not checked: {how}"))
+    packages, sources = role_sources(values, release, root)
+    if rig.version:
+        pins, findings, read = _pin_rows(host, rig, packages, sources, lookup, root)
+    else:
+        pins, findings, read = (
+            [f"not checked: no nvidia_driver_version (apt takes branch {rig.branch}'s newest)"],
+            [],
+            [],
+        )
+    kernel, kernel_read = _kernel_row(rig, sources, lookup, root)
+    notes = dict.fromkeys(f"{index.where}: {index.note}" for index in [*read, *kernel_read] if index.note)
+    lines = [f"  archive   {how}", *(f"{_INDENT}{row}" for row in pins), f"  next kernel  {kernel}"]
+    lines += [f"{_INDENT}note: {note}" for note in notes]
+    return ArchiveReport(tuple(lines), tuple(findings))
+
+
 def _verdict(problem: str | None) -> str:
     return f"refused: {problem}" if problem else "ok"
 
 
-def plan_lines(host: str, values: Mapping[str, Any], root: Path = REPO) -> list[str]:
-    """What `make plan host=NAME` prints: every pairing of the rig's pins, with its verdict."""
+def plan_lines(
+    host: str, values: Mapping[str, Any], root: Path = REPO, archive: ArchiveReport | None = None
+) -> list[str]:
+    """What `make plan host=NAME` prints: every pairing of the rig's pins, with its verdict (and ``archive``'s rows,
+    from archive_report, when the archive was read)."""
     rig = RigCompat.of(values)
     if values.get("rig_kind") != "gpu":
         return [f"{host}: a {values.get('rig_kind') or 'sandbox'} rig (CPU): no driver, CUDA or kernel module to plan"]
@@ -154,4 +376,6 @@ def plan_lines(host: str, values: Mapping[str, Any], root: Path = REPO) -> list[
         lines.append(
             f"  kernels   DKMS built {rig.version} for {', '.join(kernels['kernels'])} ({kernels['receipt']}){state}"
         )
+    if archive is not None:
+        lines.extend(archive.lines)
     return lines

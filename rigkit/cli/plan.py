@@ -1,6 +1,8 @@
-"""`rigkit plan --host NAME` (make plan): the rig's compatibility plan, from the inventory and the repository
-only (no rig is contacted): image CUDA and driver, GPU and driver branch, module flavour, the kernels the pinned
-driver's DKMS module is known to build for. Exit 1 when the validation play would refuse a combination."""
+"""`rigkit plan --host NAME` (make plan): the rig's compatibility plan, from the inventory, the repository and
+Debian's archive (read on the controller, cached; no rig is contacted): image CUDA and driver, GPU and driver
+branch, module flavour, the kernels the pinned driver's DKMS module is known to build for, whether the archive
+still carries the pinned packages, and the kernel it would install next. Exit 1 when the validation play would
+refuse a combination, or when the archive dropped the pinned driver."""
 
 from __future__ import annotations
 
@@ -17,11 +19,16 @@ NAMES = (
     "nvidia_driver_kernel_modules",
     "llamacpp_image_cuda",
     "llamacpp_image_runtime_base",
+    "nvidia_driver_source",
+    "nvidia_driver_headless",
+    "nvidia_driver_debian_mirror",
+    "nvidia_driver_debian_security_mirror",
 )
 
 
 def run(args: argparse.Namespace) -> int:
-    from rigkit.compat_plan import ROLES, compat_findings, plan_lines
+    from rigkit.compat_plan import ROLES, archive_report, compat_findings, plan_lines
+    from rigkit.debian_archive import Archive
     from rigkit.rig_validate import role_defaults
 
     try:
@@ -30,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
     except LookupError as exc:
         print(f"rigkit plan: {exc}", file=sys.stderr)
         return 2
-    print("\n".join(plan_lines(args.host, values)))
-    refused = compat_findings(values)
+    archive = archive_report(args.host, values, Archive().index)
+    print("\n".join(plan_lines(args.host, values, archive=archive)))
+    refused = [*compat_findings(values), *archive.findings]
     for variable, value, why in refused:
         print(f"rigkit plan: {args.host}: {variable} is {value!r}: {why}", file=sys.stderr)
     return 1 if refused else 0

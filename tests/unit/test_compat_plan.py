@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -132,26 +133,66 @@ def test_known_good_kernels_come_from_the_dkms_receipt(tmp_path: Path):
     assert any("receipt stale: make proof-nvidia-driver-dkms-debian12" in line for line in lines), lines
 
 
-def test_make_plan_prints_the_plan_and_exits_1_on_a_refused_pin():
-    result = run(["make", "--no-print-directory", "plan", "host=laptop1650ti"])
+@pytest.fixture
+def archive_env(tmp_path: Path) -> Iterator[tuple[dict[str, str], object]]:
+    """`make plan`'s environment pointing at a stand-in Debian archive (never the real one), and the stand-in."""
+    from tests.unit.test_debian_archive import StandInArchive
+
+    archive = StandInArchive()
+    env = {
+        "RIGKIT_DEBIAN_MIRROR": archive.url("debian"),
+        "RIGKIT_DEBIAN_SECURITY_MIRROR": archive.url("debian-security"),
+        "RIGKIT_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    yield env, archive
+    archive.stop()
+
+
+def test_make_plan_prints_the_plan_and_exits_1_on_a_refused_pin(archive_env):
+    from tests.unit.test_debian_archive import publish_bookworm
+
+    env, archive = archive_env
+    publish_bookworm(archive)
+    result = run(["make", "--no-print-directory", "plan", "host=laptop1650ti"], **env)
     assert result.returncode == 0, result.tail()
     for text in (
         "laptop1650ti: NVIDIA GeForce GTX 1650 Ti, compute capability 7.5",
         "CUDA 12.2.2 runtime (nvidia/cuda:12.2.2-runtime-ubuntu22.04): needs driver 535.104.05 or newer -> ok",
         "driver    535.309.01, proprietary kernel modules",
         "modules   proprietary: ok",
+        "archive   Debian bookworm, the release whose non-free archive carries branch 535",
+        "nvidia-smi 535.309.01-0+deb12u1 (bookworm-security/non-free) -> ok",
+        "next kernel  linux-image-amd64 6.1.192-3 (bookworm-security/main) installs 6.1.0-57-amd64 -> ok",
     ):
         assert text in result.output, result.output
+    assert archive.requests, "the plan read the stand-in archive"
 
 
-def test_make_plan_exits_1_naming_the_refused_pin(tmp_path: Path):
+def test_make_plan_exits_1_on_a_pin_the_archive_dropped(archive_env):
+    from tests.unit.test_debian_archive import publish_bookworm
+
+    env, archive = archive_env
+    publish_bookworm(archive, driver=("535.320.01-0+deb12u1",))
+    result = run(["make", "--no-print-directory", "plan", "host=laptop1650ti"], **env)
+    assert result.returncode != 0, result.output
+    assert (
+        "rigkit plan: laptop1650ti: nvidia_driver_version is '535.309.01': Debian's archive no longer carries "
+        "nvidia-smi, libcuda1, nvidia-kernel-dkms at 535.309.01 (branch 535's newest there is 535.320.01): set "
+        'nvidia_driver_version: "535.320.01" in inventory/host_vars/laptop1650ti.yml' in result.output
+    ), result.output
+
+
+def test_make_plan_exits_1_naming_the_refused_pin(tmp_path: Path, archive_env):
+    env, _ = archive_env
     inventory = tmp_path / "inventory"
     shutil.copytree(REPO / "inventory", inventory, ignore=shutil.ignore_patterns("rigs.lock.json"))
     host_file = inventory / "host_vars" / "laptop1650ti.yml"
     text = host_file.read_text().replace('nvidia_driver_branch: "535"', 'nvidia_driver_branch: "530"')
     host_file.write_text(text.replace('nvidia_driver_version: "535.309.01"', 'nvidia_driver_version: "530.41.03"'))
     result = run(
-        ["make", "--no-print-directory", "plan", "host=laptop1650ti"], ANSIBLE_INVENTORY=str(inventory / "hosts.yml")
+        ["make", "--no-print-directory", "plan", "host=laptop1650ti"],
+        ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
+        **env,
     )
     assert result.returncode != 0
     assert "or newer -> refused: CUDA 12.2.2 (the image's runtime) needs driver 535.104.05" in result.output

@@ -1,0 +1,322 @@
+"""Debian's archive on the controller (rigkit/debian_archive.py) and the plan's `archive` / `next kernel` rows, read
+from a real HTTP stand-in archive on loopback that serves xz-compressed Packages indexes in the dists/ layout."""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import threading
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from rigkit.compat_plan import archive_report, plan_lines
+from rigkit.debian_archive import (
+    Archive,
+    ArchiveError,
+    Stanza,
+    dpkg_compare,
+    kernel_abi,
+    newest,
+    parse_packages,
+    split_version,
+)
+from tests.unit.test_compat_plan import seed_values
+
+PIN = "535.309.01-0+deb12u1"
+SUITES = {"debian": ("bookworm", "bookworm-updates"), "debian-security": ("bookworm-security",)}
+COMPONENTS = ("main", "contrib", "non-free", "non-free-firmware")
+DRIVER_PACKAGES = ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1")
+# linux-image-amd64 per suite: (its version, the kernel ABI it depends on)
+KERNELS = {"bookworm": ("6.1.176-1", "6.1.0-50-amd64"), "bookworm-security": ("6.1.192-3", "6.1.0-57-amd64")}
+HOUR = 3600.0
+
+
+class StandInArchive:
+    """A Debian mirror on 127.0.0.1: ``files`` maps a path (no leading slash) to its bytes; ``requests`` counts."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.requests: list[str] = []
+        archive = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                archive.requests.append(self.path)
+                body = archive.files.get(self.path.lstrip("/"))
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def url(self, root: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/{root}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def publish(
+        self, root: str, suite: str, component: str, stanzas: list[Mapping[str, str]], compression: str = "xz"
+    ) -> str:
+        """Serve a Packages index built from ``stanzas``; returns its path."""
+        text = "\n".join("".join(f"{k}: {v}\n" for k, v in stanza.items()) for stanza in stanzas).encode()
+        path = f"{root}/dists/{suite}/{component}/binary-amd64/Packages.{compression}"
+        self.files[path] = lzma.compress(text) if compression == "xz" else gzip.compress(text)
+        return path
+
+
+def publish_bookworm(
+    archive: StandInArchive, driver: tuple[str, ...] = (PIN,), kernels: Mapping[str, tuple[str, str]] = KERNELS
+) -> None:
+    """Every index the plan reads: the driver's packages at ``driver`` in bookworm-security/non-free (as Debian
+    ships 535.309.01), linux-image-amd64 in each suite's main per ``kernels``, the other indexes empty."""
+    for root, suites in SUITES.items():
+        for suite in suites:
+            for component in COMPONENTS:
+                stanzas: list[Mapping[str, str]] = []
+                if suite == "bookworm-security" and component == "non-free":
+                    stanzas = [{"Package": name, "Version": v} for name in DRIVER_PACKAGES for v in driver]
+                if component == "main" and suite in kernels:
+                    version, abi = kernels[suite]
+                    stanzas = [
+                        {
+                            "Package": "linux-image-amd64",
+                            "Version": version,
+                            "Depends": f"linux-image-{abi} (= {version})",
+                        }
+                    ]
+                archive.publish(root, suite, component, stanzas)
+
+
+@pytest.fixture
+def archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInArchive]:
+    """The stand-in, named by RIGKIT_DEBIAN_MIRROR / RIGKIT_DEBIAN_SECURITY_MIRROR, the cache under tmp_path."""
+    standin = StandInArchive()
+    monkeypatch.setenv("RIGKIT_DEBIAN_MIRROR", standin.url("debian"))
+    monkeypatch.setenv("RIGKIT_DEBIAN_SECURITY_MIRROR", standin.url("debian-security"))
+    monkeypatch.setenv("RIGKIT_CACHE_DIR", str(tmp_path / "cache"))
+    yield standin
+    standin.stop()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def report(host: str, clock: Clock | None = None, **changes: object) -> tuple[list[str], list]:
+    values = {**seed_values(host), **changes}
+    found = archive_report(host, values, Archive(clock=clock or Clock()).index)
+    return list(found.lines), list(found.findings)
+
+
+# ------------------------------------------------------------------------------------ dpkg's order
+@pytest.mark.parametrize(
+    ("older", "newer"),
+    [
+        ("1.0~rc1", "1.0"),
+        ("2.0", "1:0.9"),
+        ("535.261.03-1", "535.309.01-0+deb12u1"),
+        ("6.1.176-1", "6.1.192-3"),
+        ("1.0~~", "1.0~"),
+        ("1.0", "1.0a"),
+        ("1.0a", "1.0+"),
+        ("1.9", "1.10"),
+        ("535.309.01-0+deb12u1", "535.309.01-0+deb12u2"),
+        ("1.0-1", "1.0-1.1"),
+    ],
+)
+def test_dpkg_orders_versions(older: str, newer: str):
+    assert dpkg_compare(older, newer) < 0 and dpkg_compare(newer, older) > 0
+    assert newest([newer, older]) == newest([older, newer]) == newer
+
+
+def test_dpkg_equal_versions_and_parts():
+    assert dpkg_compare("1.01", "1.1") == 0 and dpkg_compare("0:1.0", "1.0") == 0
+    assert split_version("1:2.0-3-4") == (1, "2.0-3", "4")
+    assert split_version("535.309.01") == (0, "535.309.01", "")
+
+
+def test_packages_stanzas_and_the_kernel_a_metapackage_pulls():
+    text = (
+        "Package: linux-image-amd64\nSource: linux-signed-amd64 (6.1.192+3)\nVersion: 6.1.192-3\n"
+        "Depends: linux-image-6.1.0-57-amd64 (= 6.1.192-3)\nDescription: Linux for\n 64-bit PCs\n\n"
+        "Package: nvidia-driver\nVersion: 535.309.01-0+deb12u1\nDepends: nvidia-driver-bin (= 535.309.01-0+deb12u1),\n"
+        " xserver-xorg-video-nvidia | nvidia-alternative:amd64\n"
+    )
+    found = parse_packages(text)
+    assert kernel_abi(found["linux-image-amd64"][0]) == "6.1.0-57-amd64"
+    assert found["nvidia-driver"][0].depends_on() == [
+        "nvidia-driver-bin",
+        "xserver-xorg-video-nvidia",
+        "nvidia-alternative",
+    ]
+    assert kernel_abi(Stanza("linux-image-amd64", "1", "linux-image-amd64-signed-template")) is None
+
+
+# ------------------------------------------------------------------------------------ the plan's rows
+def test_a_pin_the_archive_carries_is_ok(archive: StandInArchive):
+    publish_bookworm(archive)
+    lines, findings = report("desktop3050")
+    assert findings == []
+    assert "  archive   Debian bookworm, the release whose non-free archive carries branch 535" in lines[0]
+    assert f"            nvidia-driver {PIN} (bookworm-security/non-free) -> ok" in lines
+    assert f"            nvidia-kernel-dkms {PIN} (bookworm-security/non-free) -> ok" in lines
+
+
+def test_a_headless_rig_checks_the_compute_packages(archive: StandInArchive):
+    publish_bookworm(archive)
+    lines, findings = report("laptop1650ti")
+    assert findings == []
+    checked = [line.split()[0] for line in lines[1:] if line.endswith("-> ok") and not line.startswith("  next")]
+    assert checked == ["nvidia-smi", "libcuda1", "nvidia-kernel-dkms"], lines
+
+
+def test_a_dropped_pin_is_refused_with_the_version_to_move_to(archive: StandInArchive):
+    publish_bookworm(archive, driver=("535.261.03-1", "535.320.01-0+deb12u1", "550.163.01-1"))
+    lines, findings = report("desktop3050")
+    assert (
+        "            nvidia-driver=535.309.01-*: not in bookworm, bookworm-updates, bookworm-security -> refused"
+        in ("\n".join(lines))
+    ), lines
+    [(variable, value, why)] = findings
+    assert (variable, value) == ("nvidia_driver_version", "535.309.01")
+    assert "no longer carries nvidia-driver, nvidia-kernel-dkms at 535.309.01" in why
+    assert (
+        '(branch 535\'s newest there is 535.320.01): set nvidia_driver_version: "535.320.01" in '
+        "inventory/host_vars/desktop3050.yml, then make plan host=desktop3050 and make "
+        "proof-nvidia-driver-dkms-debian12" in why
+    ), why
+
+
+def test_a_dropped_pin_with_no_build_of_its_branch_left(archive: StandInArchive):
+    publish_bookworm(archive, driver=("550.163.01-1",))
+    [(_, _, why)] = report("desktop3050")[1]
+    assert "nor any build of branch 535" in why and "nvidia_driver_source: nvidia" in why
+
+
+def test_the_next_kernel_the_receipt_built_is_ok(archive: StandInArchive):
+    publish_bookworm(archive)
+    lines, _ = report("desktop3050")
+    [kernel] = [line for line in lines if line.startswith("  next kernel")]
+    assert kernel.startswith("  next kernel  linux-image-amd64 6.1.192-3 (bookworm-security/main) installs 6.1.0-57")
+    assert "-> ok: built by the receipt (reports/proofs/nvidia-driver-dkms-debian12.json)" in kernel
+
+
+def test_a_next_kernel_the_receipt_does_not_list_is_a_warning(archive: StandInArchive):
+    kernels = {**KERNELS, "bookworm-updates": ("6.1.200-1", "6.1.0-60-amd64")}
+    publish_bookworm(archive, kernels=kernels)
+    lines, findings = report("desktop3050")
+    assert findings == []  # a warning, not a refusal
+    [kernel] = [line for line in lines if line.startswith("  next kernel")]
+    assert "linux-image-amd64 6.1.200-1 (bookworm-updates/main) installs 6.1.0-60-amd64" in kernel
+    assert "warning: no known-good module (the receipt lists 6.1.0-47-amd64, 6.1.0-50-amd64, 6.1.0-57-amd64)" in kernel
+    assert kernel.endswith("re-run make proof-nvidia-driver-dkms-debian12")
+
+
+def test_a_rig_on_nvidias_repository_is_not_checked(archive: StandInArchive):
+    lines, findings = report("desktop3050", nvidia_driver_source="nvidia")
+    assert findings == [] and archive.requests == []
+    assert (
+        lines[0]
+        == "  archive   not checked: nvidia_driver_source is 'nvidia': the driver does not come from Debian's archive"
+    )
+
+
+def test_the_plan_shows_the_archive_rows_after_its_own(archive: StandInArchive):
+    publish_bookworm(archive)
+    values = seed_values("desktop3050")
+    found = archive_report("desktop3050", values, Archive(clock=Clock()).index)
+    lines = plan_lines("desktop3050", values, archive=found)
+    assert lines[-len(found.lines) :] == list(found.lines) and lines[0].startswith("desktop3050: NVIDIA")
+
+
+# ------------------------------------------------------------------------------------ fetching and the cache
+def test_the_cache_is_used_within_its_window_and_refetched_after(archive: StandInArchive):
+    publish_bookworm(archive)
+    clock = Clock()
+    mirror = archive.url("debian-security")
+    first = Archive(clock=clock).index(mirror, "bookworm-security", "non-free")
+    assert first.versions("nvidia-driver") == [PIN] and len(archive.requests) == 1
+    clock.now += 5 * HOUR
+    again = Archive(clock=clock).index(mirror, "bookworm-security", "non-free")
+    assert again.versions("nvidia-driver") == [PIN] and len(archive.requests) == 1 and again.note is None
+    clock.now += 2 * HOUR
+    archive.publish("debian-security", "bookworm-security", "non-free", [{"Package": "nvidia-driver", "Version": "9"}])
+    later = Archive(clock=clock).index(mirror, "bookworm-security", "non-free")
+    assert later.versions("nvidia-driver") == ["9"] and len(archive.requests) == 2
+
+
+def test_one_plan_run_reads_each_index_once(archive: StandInArchive):
+    publish_bookworm(archive)
+    report("desktop3050")
+    assert len(archive.requests) == len(set(archive.requests)) == 3 * len(COMPONENTS)
+
+
+def test_an_unreachable_archive_with_a_cache_uses_it_and_says_its_age(archive: StandInArchive):
+    publish_bookworm(archive)
+    clock = Clock()
+    report("desktop3050", clock)
+    archive.stop()
+    clock.now += 7 * HOUR
+    lines, findings = report("desktop3050", clock)
+    assert findings == [] and f"            nvidia-driver {PIN} (bookworm-security/non-free) -> ok" in lines
+    notes = [line for line in lines if "note:" in line]
+    assert notes and all("the archive is unreachable" in n and "using the copy fetched 7 h ago" in n for n in notes)
+
+
+def test_an_unreachable_archive_without_a_cache_cannot_check(archive: StandInArchive):
+    archive.stop()
+    mirror = archive.url("debian")
+    with pytest.raises(ArchiveError, match=r"^cannot check bookworm/main: the archive is unreachable"):
+        Archive(clock=Clock()).index(mirror, "bookworm", "main")
+    lines, findings = report("desktop3050")
+    assert findings == []  # nothing is refused on what could not be read
+    assert any(
+        "nvidia-driver=535.309.01-*: not in what could be read: cannot check bookworm/contrib:" in line
+        for line in lines
+    )
+    assert any(
+        line.startswith("  next kernel  cannot check bookworm/main: the archive is unreachable") for line in lines
+    ), lines
+
+
+def test_a_corrupt_download_is_an_error_and_keeps_the_cached_copy(archive: StandInArchive, tmp_path: Path):
+    path = archive.publish("debian", "bookworm", "main", [{"Package": "linux-image-amd64", "Version": "1"}])
+    clock = Clock()
+    mirror = archive.url("debian")
+    Archive(clock=clock).index(mirror, "bookworm", "main")
+    [kept] = (tmp_path / "cache" / "archive").glob("*.xz")
+    before = kept.read_bytes()
+    archive.files[path] = archive.files[path][:-20]  # truncated
+    clock.now += 7 * HOUR
+    stale = Archive(clock=clock).index(mirror, "bookworm", "main")
+    assert stale.versions("linux-image-amd64") == ["1"] and kept.read_bytes() == before
+    assert "the xz download is truncated or corrupt" in str(stale.note) and "7 h ago" in str(stale.note)
+    kept.unlink()
+    with pytest.raises(ArchiveError, match=r"cannot check bookworm/main: the xz download is truncated or corrupt"):
+        Archive(clock=clock).index(mirror, "bookworm", "main")
+
+
+def test_a_mirror_without_xz_is_read_as_gz(archive: StandInArchive):
+    archive.publish("debian", "bookworm", "non-free", [{"Package": "nvidia-smi", "Version": PIN}], compression="gz")
+    index = Archive(clock=Clock()).index(archive.url("debian"), "bookworm", "non-free")
+    assert index.versions("nvidia-smi") == [PIN]
+    assert [p.rsplit(".", 1)[-1] for p in archive.requests] == ["xz", "gz"]
+
+
+def test_an_index_missing_from_the_mirror_says_what_to_check(archive: StandInArchive):
+    with pytest.raises(ArchiveError, match=r"Packages.xz \(nor .gz\) is not on the mirror: check the suite"):
+        Archive(clock=Clock()).index(archive.url("debian"), "bookworm", "non-free")
