@@ -11,7 +11,7 @@ DOCUMENTATION = """
         Ansible runs each task for each host in a freshly forked worker process. A worker that templates one of
         the kit's filters (filter_plugins/) first loads every filter plugin and the controller code they import
         (rigkit/, module_utils/), and throws that away when the task ends. On the kit's 2-core bench machine that
-        was about 40 ms of CPU per task and host, most of the cost of the validation play's small tasks, paid
+        costs about 40 ms of CPU per task and host, most of the cost of the validation play's small tasks, paid
         again for every rig of a fleet.
       - >-
         At the start of a playbook this loads them once in the controller process, so that every worker inherits

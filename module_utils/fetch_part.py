@@ -5,9 +5,9 @@ Durability costs a disk write of the whole file, which on the kit's bench machin
 it over loopback: flushed only at the end, a 1 GiB download waits for that write after the last byte. So every
 ``flush_every`` bytes a thread of its own (``_Flusher``) asks the kernel to write out what has arrived
 (``fdatasync``), while the receiving thread goes on filling the page cache; the final fsync then writes only the
-tail. The receiving thread never waits for the disk (an earlier try that started writeback from the receiving
-thread every 32 MiB made a 512 MiB download slower, 11.0 s against 7.0 s: a write into pages under writeback waits
-for the disk). An error of a background flush is kept and raised by ``durable()``: a later fsync may no longer
+tail. The receiving thread never waits for the disk (starting writeback from the receiving thread every 32 MiB
+makes a 512 MiB download slower, 11.0 s against 7.0 s: a write into pages under writeback waits for the disk).
+An error of a background flush is kept and raised by ``durable()``: a later fsync may no longer
 report it (the kernel reports a writeback error once per open file).
 """
 

@@ -1,4 +1,4 @@
-"""Converge benchmarks of the kit on its own sandbox rigs, measured side by side in one run (issue 17 goals 1, 2).
+"""Converge benchmarks of the kit on its own sandbox rigs, measured side by side in one run.
 
     .venv/bin/python tests/bench/bench_converge.py [--rigs 1,3,6] [--reps K] [--skip-single] [--skip-fleet]
         [--label NAME]

@@ -1,4 +1,4 @@
-"""A rig that serves on every address serves TLS (issue 15, item 2): `make provision` of a sandbox rig of its own
+"""A rig that serves on every address serves TLS: `make provision` of a sandbox rig of its own
 (container tls-rig, tests/integration/inventories/tls) with llama_server_host 0.0.0.0 on host networking.
 
 Verified against the certificate the rig made for itself, https answers /health and a drafted completion; plain

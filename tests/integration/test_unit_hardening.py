@@ -1,4 +1,4 @@
-"""The llama-server unit's systemd sandbox confines the docker CLI without breaking it (issue 15, item 2): the
+"""The llama-server unit's systemd sandbox confines the docker CLI without breaking it: the
 role's rendered unit runs under a real systemd (a rig-image container with no network of its own) and its
 ``docker run`` - with RestrictAddressFamilies=AF_UNIX, an empty CapabilityBoundingSet, SystemCallFilter and
 the rest - reaches the engine through the socket and starts a container that carries the memory, pids and log

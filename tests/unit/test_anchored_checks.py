@@ -1,4 +1,4 @@
-"""Render and input checks match the whole value (issue 35, low): ``re.match`` with a pattern ending in ``$``
+"""Render and input checks match the whole value: ``re.match`` with a pattern ending in ``$``
 accepts a trailing newline ("$" matches before it), which then lands in a file, a unit or an argv."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Repository signing keys are pinned by fingerprint (issue 15, item 7): a real OpenPGP key made by gpg,
+"""Repository signing keys are pinned by fingerprint: a real OpenPGP key made by gpg,
 served on loopback, is installed only when its fingerprint is the pinned one; a file holding the vendor's key
-and then another is refused, and only the checked key is ever written (issue 35, finding 2), proven with gpgv
+and then another is refused, and only the checked key is ever written, proven with gpgv
 signatures made by both keys."""
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_module_installs_the_pinned_key_and_refuses_another(keys: dict[str, Any]
     assert missing["failed"] and "HTTP 404" in missing["msg"] and not (tmp_path / "x.asc").exists()
 
 
-# --- a key file with a second key (issue 35, finding 2) ----------------------------------------------------------
+# --- a key file with a second key -------------------------------------------------------------------------------
 def test_a_file_with_the_vendors_key_then_another_is_refused(keys: dict[str, Any], served: str, tmp_path: Path) -> None:
     """The attack: the file starts with the pinned key, so checking its first block passes; apt trusts every
     block, so installing the whole file lets the second key sign the repository."""
@@ -166,7 +166,7 @@ def test_a_file_with_the_vendors_key_then_another_is_refused(keys: dict[str, Any
     for name in ("vendor-then-attacker.asc", "vendor-then-attacker.gpg"):
         refused = run_module({"url": f"{served}/{name}", "fingerprints": [keys["vendor"]], "dest": str(dest)})
         installed = dest.read_bytes()
-        if installed.startswith(b"-----BEGIN"):  # an armored keyring (the old code installed the file as served)
+        if installed.startswith(b"-----BEGIN"):  # an armored keyring: the file as served
             assert not gpgv_accepts(keys, keyring(keys, dest, tmp_path), "attacker"), name
         else:
             assert not gpgv_accepts(keys, dest, "attacker"), name
@@ -231,7 +231,7 @@ def test_anything_but_one_key_is_refused(keys: dict[str, Any], mangle: Any, expe
         read_public_key(data)
 
 
-# The NVIDIA repositories' keys (issue 15, item 7): each role pins its key in its defaults and passes the
+# The NVIDIA repositories' keys: each role pins its key in its defaults and passes the
 # variable's name, so a substituted key is refused with a message naming the variable and both fingerprints.
 NVIDIA_PINS = {
     "nvidia_container_toolkit": (

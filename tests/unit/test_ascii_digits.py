@@ -1,4 +1,4 @@
-"""Numbers in untrusted text are ASCII digits only (issue 35, low): ``'²'.isdigit()`` is True but ``int('²')``
+"""Numbers in untrusted text are ASCII digits only: ``'²'.isdigit()`` is True but ``int('²')``
 raises, and ``\\d`` (like ``int()``) takes ``'٣'`` as 3. A server header, a tool's output or an inventory value
 with such a digit neither crashes the kit nor is read as a number."""
 

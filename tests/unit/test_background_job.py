@@ -1,4 +1,4 @@
-"""library/background_job.py: a long command runs detached and every poll prints where it is (issue 12)."""
+"""library/background_job.py: a long command runs detached and every poll prints where it is."""
 
 from __future__ import annotations
 

@@ -267,7 +267,7 @@ def _yamllint(path: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_tuned_host_vars_passes_yamllint_strict(tmp_path):
-    """The note naming the report and the reason is longer than yamllint's 160 characters (issue 35, low): it
+    """The note naming the report and the reason is longer than yamllint's 160 characters: it
     goes on in comment lines under the key, and a second tune replaces them instead of adding more."""
     host_vars = tmp_path / "sandbox.yml"
     host_vars.write_text((REPO / "inventory/host_vars/sandbox.yml").read_text())
@@ -319,7 +319,7 @@ def test_tune_inside_the_noise_leaves_the_file_byte_identical(tmp_path):
 
 
 def test_a_report_cannot_put_a_template_into_the_host_vars(tmp_path):
-    """A report is what a rig measured (issue 35, finding 1): a spec_type carrying a template, copied into
+    """A report is what a rig measured: a spec_type carrying a template, copied into
     host_vars, would run on the controller at the next `make check`. Refused; the file stays as it was."""
     inventory = tmp_path / "inventory"
     shutil.copytree(REPO / "inventory", inventory)

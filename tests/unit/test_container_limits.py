@@ -1,4 +1,4 @@
-"""The llama-server container's limits (issue 15, item 2): --memory derived from the preflight's estimate (or
+"""The llama-server container's limits: --memory derived from the preflight's estimate (or
 set, and then refused when below it), --pids-limit and rotated logs, from role-prefixed host variables, checked
 on the controller and rendered into the unit's ExecStart. Real GGUF files throughout (the sandbox rigs' own
 models), the real Ansible module, the role's real template."""

@@ -1,4 +1,4 @@
-"""model_fetch against hostile local files and slow servers (issue 15, items 3 and 11)."""
+"""model_fetch against hostile local files and slow servers."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ medium = base.medium
 models = base.models
 
 
-# ------------------------------------------------------------------------------------------ item 3: planted links
+# -------------------------------------------------------------------------------------------------- planted links
 def test_dangling_symlink_at_the_part_is_refused_not_followed(
     hub: HfStandin, tiny: Served, models: Path, tmp_path: Path
 ) -> None:
@@ -83,7 +83,7 @@ def test_installed_file_is_a_regular_file(hub: HfStandin, tiny: Served, models: 
     assert dest.is_file() and not dest.is_symlink() and sha256(dest) == tiny.sha256
 
 
-# ------------------------------------------------------------------------------------------ item 11: pace, parts
+# --------------------------------------------------------------------------------------------------- pace, parts
 MiB = 1024 * 1024
 
 

@@ -1,4 +1,4 @@
-"""The GGUF reader's budget (issue 15, item 4): each hostile header shape is refused, fast, with a message;
+"""The GGUF reader's budget: each hostile header shape is refused, fast, with a message;
 real files (the tiny gemma4 pair, the real Gemma 3 270M with its 262k-token vocabulary) still read."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ the real default budget
 def test_default_budget_refuses_five_million_tensors_fast(tmp_path: Path) -> None:
-    """The issue's shape: 5 M zero-size tensors took 73 s and 591 MiB. Now: refused from the header's count."""
+    """5 M zero-size tensors would take 73 s and 591 MiB to read: refused from the header's count instead."""
     path = tmp_path / "5m.gguf"
     with open(path, "wb") as handle:
         handle.write(b"GGUF" + struct.pack("<IQQ", 3, 5_000_000, 2) + b"".join(base_kvs()))

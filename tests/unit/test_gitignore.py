@@ -1,4 +1,4 @@
-"""`.gitignore` keeps secrets and local environments out of commits, wherever they land (issue 15, item 10)."""
+"""`.gitignore` keeps secrets and local environments out of commits, wherever they land."""
 
 from __future__ import annotations
 

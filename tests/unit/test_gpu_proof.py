@@ -1,4 +1,4 @@
-"""The GPU proof is the production container (issue 29, item 3): the llama_server role's tasks/gpu_proof.yml runs
+"""The GPU proof is the production container: the llama_server role's tasks/gpu_proof.yml runs
 the server's image with the unit's own container flags and `llama-server --list-devices`, which must list CUDA0.
 
 The real task file and filter run here against a fake `docker` that records its argv and prints what a real

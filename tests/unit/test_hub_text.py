@@ -1,4 +1,4 @@
-"""What the Hub (or anything at --endpoint) sends is data (issue 35, low): a ``Link: rel=next`` that points at a
+"""What the Hub (or anything at --endpoint) sends is data: a ``Link: rel=next`` that points at a
 page already read (itself, or any cycle) stops ``rigkit pin`` with an error naming the URL instead of looping,
 the walk has a page cap, and the server's text (error headers, commit titles, exception text) reaches the
 terminal with its escape sequences made visible."""

@@ -1,4 +1,4 @@
-"""`make image`'s lock lives in a directory of the kit's own (issue 35, low), not in world-writable /run/lock
+"""`make image`'s lock lives in a directory of the kit's own, not in world-writable /run/lock
 where any local user could hold it (every provision that waits for the image then waits forever) or plant a
 file make cannot open. The Makefile and the tests' wait name the same path."""
 

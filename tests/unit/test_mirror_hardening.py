@@ -1,4 +1,4 @@
-"""The model mirror's hardening (issue 15, items 1 and 5; review finding Medium 4): secret, allow-list, clients,
+"""The model mirror's hardening: secret, allow-list, clients,
 no symlinks, FIFOs, lifetimes, read deadlines, connection caps (total and per source), rate-limited refusal
 lines, Range edge cases, the Server header and escaped log lines."""
 
@@ -530,7 +530,7 @@ def served_tiny(source: Path, tmp_path: Path) -> tuple[Path, dict[str, object]]:
     return root, entry
 
 
-# ------------------------------------------------------------------------------------------ item 6: no token
+# -------------------------------------------------------------------------------------------------- no token
 def test_gguf_fetch_never_sends_a_token_to_the_mirror(
     tiny_gemma4_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -70,8 +70,8 @@ def test_unpinned_entry_refused_with_pin_command():
         deployable_entry(CATALOG, "unsloth-gemma-4-E4B-it-Q4_K_M", "target")
 
 
-# Issue 13's table: public records of the seed rigs' exact targets and Google's official QAT files.
-ISSUE_13_FACTS = {
+# Public records of the seed rigs' exact targets and Google's official QAT files.
+SEED_TARGET_FACTS = {
     "gemma-4-E2B-it-qat-q4_0-google": (
         "google/gemma-4-E2B-it-qat-q4_0-gguf",
         "gemma-4-E2B_q4_0-it.gguf",
@@ -103,13 +103,13 @@ ISSUE_13_FACTS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(ISSUE_13_FACTS))
-def test_issue_13_facts(name):
+@pytest.mark.parametrize("name", sorted(SEED_TARGET_FACTS))
+def test_seed_targets_match_their_public_records(name):
     fields = ("repo", "filename", "revision", "size", "sha256")
-    assert tuple(CATALOG[name][field] for field in fields) == ISSUE_13_FACTS[name]
+    assert tuple(CATALOG[name][field] for field in fields) == SEED_TARGET_FACTS[name]
     assert CATALOG[name]["role"] == "target" and CATALOG[name]["architecture"] == "gemma4"
-    if ISSUE_13_FACTS[name][2]:
-        assert deployable_entry(CATALOG, name, "target")["size"] == ISSUE_13_FACTS[name][3]
+    if SEED_TARGET_FACTS[name][2]:
+        assert deployable_entry(CATALOG, name, "target")["size"] == SEED_TARGET_FACTS[name][3]
     for drafter in SEED_DRAFTER_PINS:  # the drafters keep the article's sha256, revision and size unknown
         assert (CATALOG[drafter]["revision"], CATALOG[drafter]["size"]) == (None, None)
 

@@ -1,4 +1,4 @@
-"""playbooks/models.yml with the hardened mirror (issue 15, item 1), on two "rigs" that are this machine
+"""playbooks/models.yml with the hardened mirror, on two "rigs" that are this machine
 (local connection, models_dir in a temporary directory): the mirror listens on the rigs' controller address
 only and accepts only the rigs' addresses (their network facts), every rig URL carries the per-run secret
 (never printed, never logged, removed afterwards), only this run's files are allowed, and rigs that reach the

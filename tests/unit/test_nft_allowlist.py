@@ -1,4 +1,4 @@
-"""llama-server's optional client allow-list (issue 15, item 2): the kit's own nftables table, rendered by the
+"""llama-server's optional client allow-list: the kit's own nftables table, rendered by the
 role's filter, checked on the controller, and proven for real - loaded with ``nft -f`` inside an unprivileged
 user + network namespace (``unshare -Urn``, never this machine's own network namespace, which the sandbox rigs
 share), where a client on an allowed address connects and one on another address is reset."""
@@ -267,7 +267,7 @@ def test_the_ruleset_lets_allowed_clients_in_and_resets_the_others(
     assert result["delete"] == 0 and result["deleted"] == everyone
 
 
-# --- a flushed ruleset (issue 35, finding 3) -------------------------------------------------------------------
+# --- a flushed ruleset ------------------------------------------------------------------------------------------
 # Debian's /etc/nftables.conf as the package ships it: what `systemctl reload nftables` (and start, restart, or an
 # `nft -f /etc/nftables.conf` by hand) loads. It begins with `flush ruleset`, which removes every table.
 ADMIN_RULESET = """#!/usr/sbin/nft -f

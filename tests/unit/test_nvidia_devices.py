@@ -1,4 +1,4 @@
-"""Device nodes before anything needs them (issue 29, item 2): the nvidia_container_toolkit role's oneshot unit and
+"""Device nodes before anything needs them: the nvidia_container_toolkit role's oneshot unit and
 its script, rendered by the role's own templates; the CDI spec's refresh decision (the stamp: the loaded driver and
 the device nodes present); the llama-server unit's link to the device unit on GPU rigs.
 

@@ -362,7 +362,7 @@ def test_the_gather_script_reads_this_machine() -> None:
 
 
 # ------------------------------------------------------------------------------------------ hostile machines
-# A name nvidia-smi could print on a machine someone else controls (issue 35, finding 1): no comma, so the CSV
+# A name nvidia-smi could print on a machine someone else controls: no comma, so the CSV
 # split keeps it whole; as a plain YAML value in the inventory it is a template Ansible runs on the controller.
 def payload(marker: Path) -> str:
     return "NVIDIA GeForce RTX 3050 {{ lookup(*'pipe|touch " + str(marker) + "'.split('|')) }}"

@@ -1,6 +1,5 @@
-"""What GPU rigs get from the inventory for issue 15, item 8: daemon.json keeps containers through a dockerd
-restart and forbids privilege gain. (The GPU proof no longer pulls an image of its own: it runs the server's image,
-tests/unit/test_gpu_proof.py.)"""
+"""What GPU rigs get from the inventory: daemon.json keeps containers through a dockerd restart and forbids
+privilege gain."""
 
 from __future__ import annotations
 

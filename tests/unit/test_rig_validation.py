@@ -1,4 +1,4 @@
-"""Issue 14: every bad rig description is refused on the controller before any rig is contacted, naming the file,
+"""Every bad rig description is refused on the controller before any rig is contacted, naming the file,
 the variable, its value and what is accepted.
 
 Each bad value goes into its own rig of a temporary copy of the inventory (a copy of desktop3050 with its models

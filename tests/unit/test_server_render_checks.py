@@ -1,4 +1,4 @@
-"""Values rendered into llama-server's env file and unit are checked first (issue 15, item 9): a newline in
+"""Values rendered into llama-server's env file and unit are checked first: a newline in
 the API key (or the instance name, the host, an argument) must not add a variable or a unit setting."""
 
 from __future__ import annotations

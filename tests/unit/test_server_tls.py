@@ -1,4 +1,4 @@
-"""TLS for a llama-server that is not on loopback (issue 15, item 2): the certificate the rig makes for itself
+"""TLS for a llama-server that is not on loopback: the certificate the rig makes for itself
 (real openssl), the clients that verify against it (a real TLS server on loopback), the controller-side refusal
 of plaintext on the LAN, and the unit's argv (paths, never contents)."""
 
