@@ -187,8 +187,6 @@ def render_server_files(work: Path, hosts: dict[str, dict], extra: dict | None =
     import json
     import sys
 
-    import pytest
-
     out = work / "out"
     out.mkdir()
     inventory = {
@@ -200,13 +198,36 @@ def render_server_files(work: Path, hosts: dict[str, dict], extra: dict | None =
         }
     }
     (work / "hosts.json").write_text(json.dumps(inventory))
-    env = json_callback_env()
     playbook = REPO / "tests" / "unit" / "playbooks" / "render_server_files.yml"
-    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(work / "hosts.json")]
-    cmd += ["-e", json.dumps({"out_dir": str(out), **(extra or {})}), str(playbook)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return out, json_play(work / "hosts.json", playbook, "-e", json.dumps({"out_dir": str(out), **(extra or {})}))
+
+
+def local_play(work: Path, playbook_text: str, hosts: dict, *extra: str, **env: str) -> dict:
+    """Run ``playbook_text`` on local ``hosts`` ({name: host vars}, one per case) from files written under
+    ``work``; returns the ansible.posix.json document."""
+    import sys
+
+    playbook, inventory = work / "play.yml", work / "hosts.yml"
+    playbook.write_text(playbook_text)
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": common}}))
+    return json_play(inventory, playbook, *extra, **env)
+
+
+def json_play(inventory: Path, playbook: Path, *extra: str, **env: str) -> dict:
+    """``ansible-playbook -i INVENTORY PLAYBOOK EXTRA...`` with the JSON callback; its document (fails the test
+    with the output when the run printed no JSON)."""
+    import json
+    import sys
+
+    import pytest
+
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), *extra, str(playbook)]
+    done = subprocess.run(
+        cmd, cwd=REPO, env={**json_callback_env(), **env}, capture_output=True, text=True, timeout=300, check=False
+    )
     try:
-        return out, json.loads(done.stdout)
+        return json.loads(done.stdout)
     except ValueError:
         pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
 

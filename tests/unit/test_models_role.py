@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from ansible.module_utils.model_catalog import rig_model_dir, rig_model_path
 
 from rigkit.model_mirror import ModelMirror
 from rigkit.sandbox.hub import build_hub
+from tests.support import local_play
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG_FILE = REPO / "inventory" / "group_vars" / "all" / "model_catalog.yml"
@@ -45,24 +43,7 @@ PLAYBOOK = f"""---
 
 def play(tmp_path: Path, hosts: dict[str, dict[str, Any]], *extra: str) -> dict[str, Any]:
     """Run the role on local 'hosts' (one per case); returns the ansible.posix.json output."""
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(PLAYBOOK)
-    inventory = tmp_path / "hosts.yml"
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": common}}))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook), *extra]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
-    try:
-        return json.loads(done.stdout)
-    except ValueError:
-        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return local_play(tmp_path, PLAYBOOK, hosts, *extra)
 
 
 def failures(output: dict[str, Any]) -> dict[str, str]:

@@ -5,20 +5,16 @@ entry is told to provision first (roles/rig_lock/tasks/expected.yml, run on this
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from ansible.errors import AnsibleFilterError
 
 from filter_plugins.rig_inputs import _lock_path
 from filter_plugins.rig_lock import FilterModule
 from rigkit.paths import lock_file
-from tests.support import REPO
+from tests.support import REPO, local_play
 
 ENTRY = {"unit_sha256": "ab" * 32, "models": {}}
 PLAYBOOK = """---
@@ -71,25 +67,7 @@ def test_the_role_and_the_fast_path_share_one_default_lock_file(monkeypatch: pyt
 
 def play(tmp_path: Path, hosts: dict[str, dict[str, Any]], lock_by_env: Path) -> dict[str, Any]:
     """Run expected.yml on local 'hosts'; returns the ansible.posix.json output."""
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(PLAYBOOK)
-    inventory = tmp_path / "hosts.yml"
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": common}}))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-        "RIGKIT_LOCK_FILE": str(lock_by_env),
-    }
-    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
-    try:
-        return json.loads(done.stdout)
-    except ValueError:
-        pytest.fail(f"unexpected ansible output (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return local_play(tmp_path, PLAYBOOK, hosts, RIGKIT_LOCK_FILE=str(lock_by_env))
 
 
 def outcomes(output: dict[str, Any]) -> dict[str, str]:
