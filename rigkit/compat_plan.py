@@ -141,6 +141,8 @@ class ArchiveReport:
 
     lines: tuple[str, ...] = ()
     findings: tuple[Finding, ...] = ()
+    # The kernel linux-image-amd64 would install next when no DKMS receipt built the pinned module for it.
+    unproven_kernel: str | None = None
 
 
 @dataclass(frozen=True)
@@ -285,31 +287,38 @@ def _pin_rows(
     return [*rows, f"refused: {finding[2]}"], [finding], indexes
 
 
-def _kernel_verdict(rig: RigCompat, abi: str, root: Path) -> str:
+def _kernel_verdict(rig: RigCompat, abi: str, root: Path) -> tuple[str, bool]:
+    """(the row's verdict, whether a DKMS receipt built the pinned module for kernel ``abi``)."""
     entry = known_good_kernels(root).get(rig.version)
     if entry and abi in entry["kernels"]:
         stale = "" if entry["valid"] else f" (receipt stale: make {entry['target']})"
-        return f"ok: built by the receipt ({entry['receipt']}){stale}"
+        return f"ok: built by the receipt ({entry['receipt']}){stale}", True
     listed = f"the receipt lists {', '.join(entry['kernels'])}" if entry else f"no DKMS receipt for {rig.version}"
-    return f"warning: no known-good module ({listed}): re-run make {_dkms_target(rig.version, root)}"
+    return f"warning: no known-good module ({listed}): re-run make {_dkms_target(rig.version, root)}", False
 
 
-def _kernel_row(rig: RigCompat, sources: Sequence[Source], lookup: Lookup, root: Path) -> tuple[str, list[Index]]:
-    """The kernel ABI linux-image-amd64 pulls in the newest of the rig's suites, against the DKMS receipt."""
+def _kernel_row(
+    rig: RigCompat, sources: Sequence[Source], lookup: Lookup, root: Path
+) -> tuple[str, list[Index], str | None]:
+    """The kernel ABI linux-image-amd64 pulls in the newest of the rig's suites, against the DKMS receipt; and
+    that ABI when no receipt built the pinned module for it."""
     indexes, errors = _indexes(lookup, [(source.mirror, source.suite, "main") for source in sources])
     if errors:
-        return "; ".join(errors), indexes
+        return "; ".join(errors), indexes, None
     candidates = [(stanza, index) for index in indexes for stanza in index.stanzas(KERNEL_PACKAGE)]
     if not candidates:
         suites = ", ".join(index.suite for index in indexes)
-        return f"cannot check: no {KERNEL_PACKAGE} in {suites} (main)", indexes
+        return f"cannot check: no {KERNEL_PACKAGE} in {suites} (main)", indexes, None
     stanza, index = max(candidates, key=lambda pair: dpkg_key(pair[0].version))
     abi = kernel_abi(stanza)
     if abi is None:
-        return f"cannot check: {KERNEL_PACKAGE} {stanza.version} names no kernel (Depends: {stanza.depends})", indexes
+        text = f"cannot check: {KERNEL_PACKAGE} {stanza.version} names no kernel (Depends: {stanza.depends})"
+        return text, indexes, None
+    verdict, proven = _kernel_verdict(rig, abi, root)
     return (
-        f"{KERNEL_PACKAGE} {stanza.version} ({index.where}) installs {abi} -> {_kernel_verdict(rig, abi, root)}",
+        f"{KERNEL_PACKAGE} {stanza.version} ({index.where}) installs {abi} -> {verdict}",
         indexes,
+        (None if proven else abi),
     )
 
 
@@ -331,11 +340,11 @@ def archive_report(host: str, values: Mapping[str, Any], lookup: Lookup, root: P
             [],
             [],
         )
-    kernel, kernel_read = _kernel_row(rig, sources, lookup, root)
+    kernel, kernel_read, unproven = _kernel_row(rig, sources, lookup, root)
     notes = dict.fromkeys(f"{index.where}: {index.note}" for index in [*read, *kernel_read] if index.note)
     lines = [f"  archive   {how}", *(f"{_INDENT}{row}" for row in pins), f"  next kernel  {kernel}"]
     lines += [f"{_INDENT}note: {note}" for note in notes]
-    return ArchiveReport(tuple(lines), tuple(findings))
+    return ArchiveReport(tuple(lines), tuple(findings), unproven)
 
 
 def _verdict(problem: str | None) -> str:

@@ -6,6 +6,7 @@ marked with `!` so drift shows at a glance.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ansible.module_utils.printable import printable
@@ -136,7 +137,9 @@ def rows(fleet: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return [row(host, fleet[host]) for host in sorted(fleet)]
 
 
-def render(table_rows: list[dict[str, Any]]) -> str:
+def render(table_rows: list[dict[str, Any]], archive_notes: Sequence[str] = ()) -> str:
+    """The table and its notes (``archive_notes``: what the Debian archive says of the GPU rigs' pins and next
+    kernel, rigkit.cli.plan.archive_notes)."""
     cells = [entry["cells"] for entry in table_rows]
     # what the rigs report (GPU name, versions, errors) is shown with its control characters escaped
     cells = [{column: printable(line[column]) for column in COLUMNS} for line in cells]
@@ -148,6 +151,7 @@ def render(table_rows: list[dict[str, Any]]) -> str:
         for entry in table_rows
         if entry["raw"].get("error")
     ]
+    notes += [printable(note) for note in archive_notes]
     if any(str(line["kernel"]).endswith(" !") for line in cells):
         notes.append("kernel !: the next boot starts a kernel without the NVIDIA module (`make provision host=NAME`)")
     if any("!" in str(value) for line in cells for value in line.values()):

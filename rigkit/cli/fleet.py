@@ -16,6 +16,7 @@ def status(args: argparse.Namespace) -> int:
     """Run playbooks/status.yml quietly (its log kept for a failure), then print the fleet's table."""
     import tempfile
 
+    from rigkit.cli.plan import archive_notes
     from rigkit.fleet_status import render, rows
 
     with tempfile.TemporaryDirectory(prefix="rigkit-status-") as scratch:
@@ -33,7 +34,7 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({entry["cells"]["rig"]: entry["raw"] for entry in table}, indent=2, sort_keys=True))
     else:
-        print(render(table))
+        print(render(table, archive_notes(fleet)))
     unreachable = sorted(host for host, status in fleet.items() if not status.get("reachable"))
     if unreachable:
         print(f"rigkit status: unreachable: {', '.join(unreachable)}", file=sys.stderr)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
+from typing import Any
 
 from rigkit.cli.inventory import host_values
 
@@ -26,14 +28,44 @@ NAMES = (
 )
 
 
-def run(args: argparse.Namespace) -> int:
-    from rigkit.compat_plan import ROLES, archive_report, compat_findings, plan_lines
-    from rigkit.debian_archive import Archive
+def plan_values(host: str) -> dict[str, Any]:
+    """What a rig's plan is computed from: the roles' defaults and the inventory's values (LookupError: an unknown
+    host)."""
+    from rigkit.compat_plan import ROLES
     from rigkit.rig_validate import role_defaults
 
+    kind = host_values(host, ("rig_kind",)).get("rig_kind")
+    return {**role_defaults(*ROLES), **host_values(host, NAMES if kind == "gpu" else ("rig_kind",))}
+
+
+def archive_notes(hosts: Iterable[str]) -> list[str]:
+    """`make status`'s notes from the archive, for the GPU rigs among ``hosts``: a pinned driver the archive dropped,
+    and a next kernel without a known-good module (the controller's cached indexes; no rig contacted)."""
+    from rigkit.compat_plan import archive_report
+    from rigkit.debian_archive import Archive
+
+    lookup, notes = Archive().index, []
+    for host in sorted(hosts):
+        try:
+            values = plan_values(host)
+        except LookupError:
+            continue
+        report = archive_report(host, values, lookup)
+        notes += [f"{host}: {variable} is {value!r}: {why}" for variable, value, why in report.findings]
+        if report.unproven_kernel:
+            notes.append(
+                f"{host}: the archive's next kernel {report.unproven_kernel} has no known-good NVIDIA module "
+                f"(`make plan host={host}`)"
+            )
+    return notes
+
+
+def run(args: argparse.Namespace) -> int:
+    from rigkit.compat_plan import archive_report, compat_findings, plan_lines
+    from rigkit.debian_archive import Archive
+
     try:
-        kind = host_values(args.host, ("rig_kind",)).get("rig_kind")
-        values = {**role_defaults(*ROLES), **host_values(args.host, NAMES if kind == "gpu" else ("rig_kind",))}
+        values = plan_values(args.host)
     except LookupError as exc:
         print(f"rigkit plan: {exc}", file=sys.stderr)
         return 2

@@ -320,3 +320,28 @@ def test_a_mirror_without_xz_is_read_as_gz(archive: StandInArchive):
 def test_an_index_missing_from_the_mirror_says_what_to_check(archive: StandInArchive):
     with pytest.raises(ArchiveError, match=r"Packages.xz \(nor .gz\) is not on the mirror: check the suite"):
         Archive(clock=Clock()).index(archive.url("debian"), "bookworm", "non-free")
+
+
+def test_make_status_notes_a_next_kernel_without_a_module_and_a_dropped_pin(
+    archive: StandInArchive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """`make status` adds the archive's word on each GPU rig under its table; a sandbox rig (CPU) reads nothing."""
+    from rigkit.cli.plan import archive_notes
+    from rigkit.fleet_status import render
+
+    publish_bookworm(archive)
+    assert archive_notes(["desktop3050", "sandbox"]) == []
+    read = len(archive.requests)
+    assert archive_notes(["sandbox"]) == [] and len(archive.requests) == read  # no index read for a CPU rig
+
+    kernels = {**KERNELS, "bookworm-updates": ("6.1.200-1", "6.1.0-60-amd64")}
+    publish_bookworm(archive, driver=("535.320.02-0+deb12u1",), kernels=kernels)
+    monkeypatch.setenv("RIGKIT_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    notes = archive_notes(["desktop3050"])
+    assert any(note.startswith("desktop3050: nvidia_driver_version is '535.309.01': ") for note in notes), notes
+    assert (
+        "desktop3050: the archive's next kernel 6.1.0-60-amd64 has no known-good NVIDIA module "
+        "(`make plan host=desktop3050`)"
+    ) in notes
+    table = render([], notes)
+    assert all(note in table for note in notes)
