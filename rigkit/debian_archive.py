@@ -89,7 +89,7 @@ def split_version(version: str) -> tuple[int, str, str]:
     """(epoch, upstream, revision) of a Debian version: ``1:2.0-3`` is (1, "2.0", "3")."""
     epoch, _, rest = version.partition(":") if ":" in version else ("0", "", version)
     upstream, _, revision = rest.rpartition("-") if "-" in rest else (rest, "", "")
-    return int(epoch or 0) if epoch.isascii() and epoch.isdigit() else 0, upstream, revision
+    return int(epoch) if re.fullmatch(r"[0-9]+", epoch) else 0, upstream, revision
 
 
 def dpkg_compare(a: str, b: str) -> int:
