@@ -17,8 +17,7 @@ import jinja2
 
 from rigkit.controller_preflight import controller_preflight
 from rigkit.inventory_files import Sources
-from rigkit.rig_validate import Unresolved, load_specs, plain_defaults, resolve_values
-from rigkit.rig_validate import rig_problems as _rig_problems
+from rigkit.rig_validate import Report, Unresolved, load_specs, plain_defaults, resolve_values, rig_report
 
 ROLES_DIR = str(pathlib.Path(__file__).resolve().parent.parent / "roles")
 
@@ -42,11 +41,9 @@ def _values(hostvars: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _problems(
-    values: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], specs: Any
-) -> list[str]:
+def _report(values: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], specs: Any) -> Report:
     sources = Sources(inventory, host, groups)
-    return _rig_problems(host, values, specs=specs, sources=sources, catalog=values.get("model_catalog"))
+    return rig_report(host, values, specs=specs, sources=sources, catalog=values.get("model_catalog"))
 
 
 def _preflight(
@@ -88,21 +85,21 @@ def rig_fleet_validation(
     hosts: list[str], hostvars: Mapping[str, Any], inventory: str | list[str]
 ) -> dict[str, dict[str, list[str]]]:
     """The validation play's one task: {rig: {"problems": [...], "preflight": [...]}}. Each rig's variables are
-    templated once; the preflight is read only for a rig whose description is sound (its values are the ones the
-    preflight expects)."""
+    templated once; the preflight is read only for a rig whose values are sound (those the preflight expects;
+    models not pinned yet do not stop it, so a context that cannot fit is named in the same run)."""
     specs = load_specs(ROLES_DIR)
     defaults = plain_defaults(ROLES_DIR, "llama_server")
     results: dict[str, dict[str, list[str]]] = {}
     for host in hosts:
         host_vars = hostvars[host]
         values, groups = _values(host_vars), host_vars["group_names"]
-        problems = _problems(values, host, groups, inventory, specs)
+        report = _report(values, host, groups, inventory, specs)
         preflight = (
-            []
-            if problems
-            else _preflight(values, host, groups, inventory, host_vars["rig_controller_cache_dir"], defaults)
+            _preflight(values, host, groups, inventory, host_vars["rig_controller_cache_dir"], defaults)
+            if report.values_sound
+            else []
         )
-        results[host] = {"problems": problems, "preflight": preflight}
+        results[host] = {"problems": report.problems + preflight, "preflight": [] if report.problems else preflight}
     return results
 
 

@@ -100,9 +100,9 @@ def controller_preflight(
         ),
     }
     where = (
-        sources.file_of("llama_server_ctx_size")
+        sources.file_of("llama_server_ctx_size", given["llama_server_ctx_size"])
         if "llama_server_ctx_size" in given
-        else sources.file_of("models_target")
+        else sources.file_of("models_target", given.get("models_target"))
     )
     uses_drafter = bool(drafter_name) and spec_type != "none"
     target_path = cached_model_path(cache_dir, target)

@@ -51,7 +51,6 @@ NOT_INPUT_PREFIXES = (
     "rig_inputs",
     "rig_state_",
     "rig_converged",
-    "rig_in_sync",
     "rig_lock_",
     "rig_validation_",
     "models_fleet_",

@@ -135,14 +135,22 @@ class Report:
     def __init__(self, sources: Sources) -> None:
         self.sources = sources
         self.problems: list[str] = []
+        # False once a value itself is wrong: the memory preflight would read it. Missing pins leave it True.
+        self.values_sound = True
 
     def add(self, variable: str, value: Any, expected: str, *, field: str | None = None) -> None:
         label = f"{variable}.{field}" if field else variable
         whole = None if field or value == HIDDEN else value
         self.problems.append(f"{self.sources.file_of(variable, whole)}: {label} is {show(value)}; {expected}")
+        self.values_sound = False
 
     def note(self, variable: str, text: str) -> None:
         self.problems.append(f"{self.sources.file_of(variable)}: {text}")
+        self.values_sound = False
+
+    def unpinned(self, text: str) -> None:
+        """Models not pinned yet: a problem, but every value is sound, so the memory preflight can still run."""
+        self.problems.append(text)
 
 
 def _plain_copy(value: Any) -> Any:
@@ -284,7 +292,7 @@ def _check_pins(report: Report, rig: str, values: Mapping[str, Any], catalog: Ma
     deploys an unverified file), and, when the rig prunes, every kept model that cannot be resolved."""
     refusal = host_pin_refusal(rig, dict(catalog), [values.get("models_target"), values.get("models_drafter")])
     if refusal:
-        report.problems.append(refusal)
+        report.unpinned(refusal)
     keep = values.get("models_keep")
     if values.get("models_prune") is True and isinstance(keep, list):
         for name in keep:
@@ -502,6 +510,18 @@ def rig_problems(
     catalog: Any,
 ) -> list[str]:
     """Every problem of one rig's variables (``values``: templated where possible, Unresolved otherwise)."""
+    return rig_report(host, values, specs=specs, sources=sources, catalog=catalog).problems
+
+
+def rig_report(
+    host: str,
+    values: Mapping[str, Any],
+    *,
+    specs: Specs,
+    sources: Sources,
+    catalog: Any,
+) -> Report:
+    """rig_problems' Report: its problems and whether the values are sound enough for the memory preflight."""
     report = Report(sources)
     declared = declared_variables(specs)
     rig_kind = values.get("rig_kind")
@@ -525,7 +545,7 @@ def rig_problems(
             continue
         checked[name] = converted
     _check_rules(report, host, checked, catalog)
-    return report.problems
+    return report
 
 
 ValueGetter = Callable[[str], Any]

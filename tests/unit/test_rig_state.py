@@ -419,3 +419,24 @@ def test_the_report_line_reads_the_canary_figures() -> None:
     )
     plain = line({"build_info": "b1-abc", "draft_n": 0, "predicted_per_second": 9}, "rig", "main", "u", "none", 8)
     assert plain.endswith("(b1-abc, none): no drafting, 9.0 tokens/s on a 8-token canary.")
+
+
+def test_the_fast_path_sorts_the_rigs_once_and_later_plays_exclude_the_rigs_in_sync() -> None:
+    """provision.yml sorts the rigs with group_by right after the check; every later play of provision.yml and
+    models.yml runs on a pattern that excludes rigs_in_sync, and no task anywhere else guards on in_sync."""
+    provision = yaml.safe_load((REPO / "playbooks/provision.yml").read_text())
+    plays = [play for play in provision if "hosts" in play]
+    check = next(i for i, play in enumerate(plays) if "last converge" in play["name"])
+    sort = [task for task in plays[check]["tasks"] if "ansible.builtin.group_by" in task]
+    assert len(sort) == 1 and "rigs_in_sync" in sort[0]["ansible.builtin.group_by"]["key"]
+    later = plays[check + 1 :] + [play for play in yaml.safe_load((REPO / "playbooks/models.yml").read_text())]
+    assert later and all(play["hosts"].endswith(":!rigs_in_sync") for play in later), [p["hosts"] for p in later]
+    inventory = yaml.safe_load((REPO / "inventory/hosts.yml").read_text())
+    assert "rigs_in_sync" in inventory["all"]["children"], "declare the group, so the pattern never warns"
+    guards = [
+        str(path.relative_to(REPO))
+        for top in ("playbooks", "roles")
+        for path in sorted((REPO / top).rglob("*.yml"))
+        if "rig_state" not in path.parts and re.search(r"when:[^\n]*\.in_sync\b|meta: end_host", path.read_text())
+    ]
+    assert guards == [], f"guards on in_sync outside roles/rig_state: {guards}"

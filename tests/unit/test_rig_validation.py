@@ -535,6 +535,19 @@ def test_a_context_that_cannot_fit_is_refused_from_the_catalog_shapes_before_any
     assert recorder.attempts > 0
 
 
+def test_a_context_that_cannot_fit_is_named_beside_models_not_pinned_yet(tmp_path, recorder):
+    """Models not pinned yet do not hide the memory fit: both are listed in the same refusal, no rig contacted."""
+    laptop = {**E4B_PAIR, "llama_server_ctx_size": 32768, "rig_gpu": {**BASE_RIG["rig_gpu"], "vram_mib": 4096}}
+    inventory = make_inventory(tmp_path, {"unpinned-e4b-on-4gb": laptop}, recorder.port)
+    result = check(inventory, ["unpinned-e4b-on-4gb"], tmp_path / "cache")
+    assert result.returncode != 0
+    message = " ".join(result.output[result.output.index("[ERROR]: Task failed: Action failed: ") :].split())
+    assert "2 problem(s) in the rig's description" in message, message[:2000]
+    assert "not pinned yet" in message and "make pin host=unpinned-e4b-on-4gb" in message, message[:2000]
+    assert re.search(r"needs about [0-9,]+ MiB but VRAM of .* is 4,096 MiB", message), message[:2000]
+    assert recorder.attempts == 0, "a rig was contacted"
+
+
 def test_a_mismatched_pair_is_refused_on_the_cached_headers(tmp_path, recorder):
     """A drafter of another width, cached under the pair's names: refused by the controller preflight."""
     cache = tmp_path / "cache"
