@@ -15,7 +15,7 @@ VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan
+.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan cuda-standin
 
 help: ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -86,6 +86,9 @@ image: setup ## build the rig's llama.cpp image on its build host ahead of a pro
 
 harness: setup ## start the Docker engine and build the base and rig images on this machine
 	$(BIN)/ansible-playbook playbooks/harness.yml
+
+cuda-standin: harness ## build the stand-in CUDA base images from NVIDIA's PyPI wheels (docker/cuda-standin), where Docker Hub is out of reach
+	$(BIN)/python bin/rigkit cuda-standin
 
 test: setup ## run every test (unit, then the container integration tests)
 	$(BIN)/pytest $(PYTEST_ARGS)

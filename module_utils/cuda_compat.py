@@ -37,6 +37,9 @@ CUDA_MIN_DRIVER: dict[tuple[int, int, int], str] = {
     (12, 8, 1): "570.124.06",
     (12, 9, 0): "575.51.03",
     (12, 9, 1): "575.57.08",
+    (13, 0, 0): "580.65.06",
+    (13, 0, 1): "580.82.07",
+    (13, 0, 2): "580.95.05",
 }
 
 # The compute capabilities nvcc of a CUDA release compiles for (its -arch list): (first, last), by release.
@@ -46,6 +49,7 @@ CUDA_ARCH_RANGE: tuple[tuple[tuple[int, int], tuple[int, int], tuple[int, int]],
     ((12, 0), (5, 0), (9, 0)),
     ((12, 8), (5, 0), (12, 0)),
     ((12, 9), (5, 0), (12, 1)),
+    ((13, 0), (7, 5), (12, 1)),
 )
 
 # The first driver branch that supports a GPU generation (its lowest compute capability), and the last branch

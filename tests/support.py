@@ -120,6 +120,20 @@ def run(
     return Run(argv=argv, returncode=proc.returncode, output=proc.stdout, results=parsed)
 
 
+def image_inputs(*hosts: str, extra: dict | None = None) -> dict[str, dict]:
+    """What the llamacpp_image role would build for each host (tag, build args, source, build host), from a
+    playbook that touches no host (tests/integration/playbooks/image_inputs.yml)."""
+    import json
+
+    argv = ["ansible-playbook", "tests/integration/playbooks/image_inputs.yml", "--limit", ",".join(hosts)]
+    argv += ["-e", json.dumps(extra or {})]
+    result = run(argv, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    assert result.returncode == 0, result.tail()
+    plays = json.loads(result.output[result.output.index("{") :])["plays"]
+    shown = plays[0]["tasks"][-1]["hosts"]
+    return {host: shown[host]["msg"] for host in hosts}
+
+
 def recap(output: str) -> dict[str, dict[str, int]]:
     """PLAY RECAP counters per host (the last recap when a run printed several)."""
     counters: dict[str, dict[str, int]] = {}

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import CACHE_DIR, LLAMACPP_BUILD_NUMBER, LLAMACPP_COMMIT, REPO, group_vars, role_defaults, run
+from tests.support import (
+    CACHE_DIR,
+    LLAMACPP_BUILD_NUMBER,
+    LLAMACPP_COMMIT,
+    REPO,
+    group_vars,
+    image_inputs,
+    role_defaults,
+    run,
+)
 
 COMMIT = LLAMACPP_COMMIT
 SANDBOX = group_vars("sandbox_rigs")
@@ -24,14 +33,7 @@ SDIST_NAME = SANDBOX["llamacpp_image_source_url"].rsplit("/", 1)[1]
 
 
 def render(*hosts: str, extra: dict | None = None) -> dict[str, dict]:
-    """What the role would build for each host (tag, build args), from a playbook that touches no host."""
-    argv = ["ansible-playbook", "tests/integration/playbooks/image_inputs.yml", "--limit", ",".join(hosts)]
-    argv += ["-e", json.dumps({"container_harness_base_image": "rigkit/debian:bookworm-test", **(extra or {})})]
-    result = run(argv, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
-    assert result.returncode == 0, result.tail()
-    plays = json.loads(result.output[result.output.index("{") :])["plays"]
-    shown = plays[0]["tasks"][-1]["hosts"]
-    return {host: shown[host]["msg"] for host in hosts}
+    return image_inputs(*hosts, extra={"container_harness_base_image": "rigkit/debian:bookworm-test", **(extra or {})})
 
 
 @pytest.fixture(scope="module")

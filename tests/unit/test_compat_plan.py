@@ -73,6 +73,13 @@ def test_the_images_cuda_must_compile_for_the_gpu(capability, problem):
     assert arch_problem((12, 8, 1), (12, 0)) is None
 
 
+def test_cuda_13_the_stand_in_bases_release_needs_branch_580_and_turing_or_newer():
+    """docker/cuda-standin builds CUDA 13.0.2: the seed rigs' 535 cannot run it, and it compiles for 7.5 and up."""
+    assert "needs driver 580.95.05 or newer" in driver_problem((13, 0, 2), "535", "535.309.01")
+    assert driver_problem((13, 0, 2), "580", "580.95.05") is None
+    assert arch_problem((13, 0, 2), (7, 5)) is None and arch_problem((13, 0, 2), (8, 6)) is None
+    assert "no longer compiles for compute capability 7.0" in arch_problem((13, 0, 2), (7, 0))
+
 @pytest.mark.parametrize(
     ("branch", "capability", "problem"),
     [
