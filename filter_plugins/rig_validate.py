@@ -16,8 +16,17 @@ from typing import Any
 import jinja2
 
 from rigkit.controller_preflight import controller_preflight
+from rigkit.debian_archive import Archive
 from rigkit.inventory_files import Sources
-from rigkit.rig_validate import Report, Unresolved, load_specs, plain_defaults, resolve_values, rig_report
+from rigkit.rig_validate import (
+    Report,
+    Unresolved,
+    archive_problems,
+    load_specs,
+    plain_defaults,
+    resolve_values,
+    rig_report,
+)
 
 ROLES_DIR = str(pathlib.Path(__file__).resolve().parent.parent / "roles")
 
@@ -89,6 +98,7 @@ def rig_fleet_validation(
     models not pinned yet do not stop it, so a context that cannot fit is named in the same run)."""
     specs = load_specs(ROLES_DIR)
     defaults = plain_defaults(ROLES_DIR, "llama_server")
+    archive = Archive()  # Debian's indexes, read once for the fleet (cached on disk)
     results: dict[str, dict[str, list[str]]] = {}
     for host in hosts:
         host_vars = hostvars[host]
@@ -99,6 +109,10 @@ def rig_fleet_validation(
             if report.values_sound
             else []
         )
+        if report.values_sound:
+            resolved = {name: value for name, value in values.items() if not isinstance(value, Unresolved)}
+            sources = Sources(inventory, host, groups)
+            report.problems += archive_problems(host, resolved, sources=sources, lookup=archive.index)
         results[host] = {"problems": report.problems + preflight, "preflight": [] if report.problems else preflight}
     return results
 

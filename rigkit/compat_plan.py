@@ -347,6 +347,20 @@ def archive_report(host: str, values: Mapping[str, Any], lookup: Lookup, root: P
     return ArchiveReport(tuple(lines), tuple(findings), unproven)
 
 
+def archive_findings(host: str, values: Mapping[str, Any], lookup: Lookup, root: Path = REPO) -> list[Finding]:
+    """The validation play's archive rule: a pinned driver that Debian's archive (the controller's cached indexes)
+    no longer carries, with the version to move to. An archive that cannot be read refuses nothing (make plan says
+    why); a rig whose driver does not come from Debian's archive is not checked."""
+    if values.get("rig_kind") != "gpu":
+        return []
+    rig = RigCompat.of(values)
+    release, _ = debian_release(values, root)
+    if release is None or not rig.version:
+        return []
+    packages, sources = role_sources(values, release, root)
+    return _pin_rows(host, rig, packages, sources, lookup, root)[1]
+
+
 def _verdict(problem: str | None) -> str:
     return f"refused: {problem}" if problem else "ok"
 

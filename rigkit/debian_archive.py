@@ -309,6 +309,8 @@ class Archive:
 
     def _read(self, name: str) -> _Cached | None:
         try:
+            if not (self._cache or cache_dir() / "archive").is_dir():  # nothing cached: create nothing either
+                return None
             root = self._root()
             meta = json.loads((root / f"{name}.json").read_text())
             compression = str(meta["compression"])

@@ -33,7 +33,7 @@ from ansible.module_utils.preflight_memory import MEMORY_SETTINGS, MemorySetting
 
 import rigkit
 from rigkit.compat_plan import ROLES as COMPAT_ROLES
-from rigkit.compat_plan import compat_findings
+from rigkit.compat_plan import Lookup, archive_findings, compat_findings
 from rigkit.inventory_files import Sources, show
 from rigkit.rig_variables import (
     COMMIT_RE,
@@ -546,6 +546,15 @@ def rig_report(
         checked[name] = converted
     _check_rules(report, host, checked, catalog)
     return report
+
+
+def archive_problems(host: str, values: Mapping[str, Any], *, sources: Sources, lookup: Lookup) -> list[str]:
+    """A pinned driver Debian's archive no longer carries (compat_plan.archive_findings over ``lookup``, the
+    controller's cached indexes), as the validation play refuses it: file, variable, value, the version to move to."""
+    report = Report(sources)
+    for variable, value, why in archive_findings(host, {**role_defaults(*COMPAT_ROLES), **values}, lookup):
+        report.add(variable, value, why)
+    return report.problems
 
 
 ValueGetter = Callable[[str], Any]

@@ -52,6 +52,10 @@ def kit_env(**extra: str) -> dict[str, str]:
     env["ANSIBLE_NOCOLOR"] = "1"
     # provisions made by tests record their lock entries here, not in the repo's inventory/rigs.lock.json
     env.setdefault("RIGKIT_LOCK_FILE", str(ARTIFACTS / "rigs.lock.json"))
+    # the validation play reads Debian's archive for a GPU rig's pins: never the real one from a test (a closed
+    # loopback port: "cannot check", which refuses nothing); tests of that rule name a stand-in archive
+    env.setdefault("RIGKIT_DEBIAN_MIRROR", "http://127.0.0.1:9/debian")
+    env.setdefault("RIGKIT_DEBIAN_SECURITY_MIRROR", "http://127.0.0.1:9/debian-security")
     env.update(extra)
     return env
 

@@ -189,6 +189,27 @@ def test_make_plan_exits_1_on_a_pin_the_archive_dropped(archive_env):
     ), result.output
 
 
+def test_make_check_refuses_a_pin_the_archive_dropped_before_any_rig_is_contacted(archive_env):
+    """The validation play reads the same cached indexes: the dropped pin is refused, naming the version to move
+    to, and the play stops before the fast path's first contact with the rig."""
+    from tests.unit.test_debian_archive import publish_bookworm
+
+    env, archive = archive_env
+    publish_bookworm(archive, driver=("535.320.01-0+deb12u1",))
+    result = run(["make", "--no-print-directory", "check", "host=laptop1650ti"], **env)
+    assert result.returncode != 0, result.tail()
+    text = " ".join(result.output.split())
+    assert (
+        'inventory/host_vars/laptop1650ti.yml: nvidia_driver_version is "535.309.01"; Debian\'s archive no longer '
+        "carries nvidia-smi, libcuda1, nvidia-kernel-dkms at 535.309.01 (branch 535's newest there is 535.320.01)"
+    ) in text, result.tail()
+    assert "Compare the rig with" not in result.output and "UNREACHABLE" not in result.output
+    publish_bookworm(archive)
+    fresh = {**env, "RIGKIT_CACHE_DIR": env["RIGKIT_CACHE_DIR"] + "-fresh"}  # the cached indexes are 6 h fresh
+    accepted = run(["make", "--no-print-directory", "check", "host=laptop1650ti"], **fresh)
+    assert "archive no longer carries" not in accepted.output, accepted.tail()
+
+
 def test_make_plan_exits_1_naming_the_refused_pin(tmp_path: Path, archive_env):
     env, _ = archive_env
     inventory = tmp_path / "inventory"
