@@ -80,6 +80,7 @@ def test_cuda_13_the_stand_in_bases_release_needs_branch_580_and_turing_or_newer
     assert arch_problem((13, 0, 2), (7, 5)) is None and arch_problem((13, 0, 2), (8, 6)) is None
     assert "no longer compiles for compute capability 7.0" in arch_problem((13, 0, 2), (7, 0))
 
+
 @pytest.mark.parametrize(
     ("branch", "capability", "problem"),
     [
