@@ -134,11 +134,15 @@ def test_the_runtime_images_ldd_is_complete_but_for_the_drivers_libcuda(cuda_ima
 @pytest.fixture(scope="module")
 def probe_image(cuda_image: str) -> str:
     """The CUDA image plus Debian's libcuda1 at the Debian 12 pin (what the toolkit would mount from the host)."""
-    mirror = role_defaults("nvidia_driver")["nvidia_driver_debian_security_mirror"]
+    defaults = role_defaults("nvidia_driver")
+    mirror, security = defaults["nvidia_driver_debian_mirror"], defaults["nvidia_driver_debian_security_mirror"]
+    source = "Types: deb\\nURIs: {}\\nSuites: {}\\nComponents: main contrib non-free non-free-firmware\\n"
+    source += "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n"
+    sources = source.format(mirror, "bookworm bookworm-updates") + "\\n" + source.format(security, "bookworm-security")
     recipe = f"""FROM {cuda_image}
 USER root
 RUN set -eu; \\
-    printf 'Types: deb\\nURIs: {mirror}\\nSuites: bookworm-security\\nComponents: main contrib non-free non-free-firmware\\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n' > /etc/apt/sources.list.d/security.sources; \\
+    printf '{sources}' > /etc/apt/sources.list.d/nvidia-driver.sources; \\
     printf 'Package: *\\nPin: version {DEBIAN_12.version}-*\\nPin-Priority: 1001\\n' > /etc/apt/preferences.d/nvidia-driver; \\
     apt-get update; \\
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libcuda1; \\
