@@ -90,6 +90,36 @@ PROOFS: tuple[Proof, ...] = (
         roles=("nvidia_driver",),
         cleanup=(Step(("molecule", "destroy", "--scenario-name", "dkms"), "roles/nvidia_driver"),),
     ),
+    Proof(
+        name="cuda-image-sm75",
+        summary=(
+            "docker/Dockerfile's CUDA path compiled for sm 75 with the llamacpp_image role's build arguments on "
+            "stand-in CUDA 13.0.2 bases from NVIDIA's PyPI wheels; the runtime image's ldd complete but for the "
+            "driver's libcuda.so.1; without a GPU it serves the tiny MTP pair on the CPU and the offload check "
+            "refuses it (tests/proofs/test_cuda_image.py)"
+        ),
+        steps=(HARNESS, Step(("pytest", "-p", "no:cacheprovider", "tests/proofs/test_cuda_image.py"))),
+        readback=Step(("cat", "reports/cuda/cuda-image-sm75.txt")),
+        decisive=r"^(build|ldd|libcuda1|cuda|served|offload): ",
+        decisive_min=6,
+        inputs=(
+            "docker/Dockerfile",
+            "docker/cuda-standin",
+            "rigkit/cuda_standin.py",
+            "rigkit/cli/cuda_standin.py",
+            "rigkit/sandbox/tiny_gemma4.py",
+            "tests/proofs/test_cuda_image.py",
+            "tests/integration/playbooks/image_inputs.yml",
+            "inventory/group_vars/sandbox_rigs.yml",
+            "inventory/host_vars/laptop1650ti.yml",
+            "module_utils/gpu_offload.py",
+            "module_utils/nvidia_compat.py",
+            *RIG_IMAGE_INPUTS,
+            "requirements.txt",
+            "ansible.cfg",
+        ),
+        roles=("llamacpp_image",),
+    ),
 )
 # Molecule scenarios that are proofs: make test leaves them to their receipts.
 PROOF_SCENARIOS = frozenset(
