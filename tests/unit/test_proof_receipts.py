@@ -11,6 +11,7 @@ import pytest
 from rigkit import REPO, proofs
 
 DKMS = proofs.proof("nvidia-driver-dkms-debian12")
+CUDA_IMAGE = proofs.proof("cuda-image-sm75")
 
 
 @pytest.mark.parametrize("item", proofs.PROOFS, ids=[item.name for item in proofs.PROOFS])
@@ -69,6 +70,19 @@ def test_changing_a_pinned_input_makes_the_receipt_stale_and_names_the_target(tm
     problem = proofs.receipt_problem(DKMS, tmp_path)
     assert problem and "roles/nvidia_driver/molecule/dkms/molecule.yml" in problem
     assert "make proof-nvidia-driver-dkms-debian12" in problem
+
+
+def test_the_cuda_image_receipt_follows_the_wheel_pins_the_dockerfile_and_the_role(tmp_path):
+    files = proofs.input_files(CUDA_IMAGE)
+    assert {"docker/Dockerfile", "docker/cuda-standin/wheels.json", "docker/cuda-standin/Dockerfile"} <= set(files)
+    assert "roles/llamacpp_image/defaults/main.yml" in files and "tests/proofs/test_cuda_image.py" in files
+    copy_inputs(CUDA_IMAGE, tmp_path)
+    write_receipt(CUDA_IMAGE, tmp_path)
+    assert proofs.receipt_problem(CUDA_IMAGE, tmp_path) is None
+    pins = tmp_path / "docker/cuda-standin/wheels.json"
+    pins.write_text(pins.read_text().replace('"13.0.88"', '"13.0.89"', 1))
+    problem = proofs.receipt_problem(CUDA_IMAGE, tmp_path)
+    assert problem and "docker/cuda-standin/wheels.json" in problem and "make proof-cuda-image-sm75" in problem
 
 
 def test_a_change_to_shared_code_the_role_imports_makes_the_receipt_stale(tmp_path):
