@@ -138,10 +138,12 @@ class Report:
         # False once a value itself is wrong: the memory preflight would read it. Missing pins leave it True.
         self.values_sound = True
 
-    def add(self, variable: str, value: Any, expected: str, *, field: str | None = None) -> None:
+    def add(self, variable: str, value: Any, expected: str, *, field: str | None = None, shown: Any = None) -> None:
+        """``shown``: what the message prints instead of ``value`` (a copy with its secrets hidden)."""
         label = f"{variable}.{field}" if field else variable
         whole = None if field or value == HIDDEN else value
-        self.problems.append(f"{self.sources.file_of(variable, whole)}: {label} is {show(value)}; {expected}")
+        printed = show(value if shown is None else shown)
+        self.problems.append(f"{self.sources.file_of(variable, whole)}: {label} is {printed}; {expected}")
         self.values_sound = False
 
     def note(self, variable: str, text: str) -> None:
@@ -310,6 +312,26 @@ def _managed_server_flags() -> frozenset[str]:
     return frozenset(managed_flags(flags))
 
 
+# llama-server flags whose value is a secret: a refusal names the flag, never its value.
+SECRET_FLAGS = ("--api-key", "--hf-token", "-hft")
+
+
+def _secrets_hidden(argv: list[Any]) -> list[Any]:
+    """``argv`` with the value of every SECRET_FLAGS flag (``--flag VALUE`` or ``--flag=VALUE``) replaced by HIDDEN."""
+    hidden: list[Any] = []
+    after_secret = False
+    for item in argv:
+        text = str(item)
+        if after_secret:
+            hidden.append(HIDDEN)
+        elif "=" in text and text.split("=", 1)[0] in SECRET_FLAGS:
+            hidden.append(f"{text.split('=', 1)[0]}={HIDDEN}")
+        else:
+            hidden.append(item)
+        after_secret = not after_secret and text in SECRET_FLAGS
+    return hidden
+
+
 def _check_extra_args(report: Report, values: Mapping[str, Any]) -> None:
     extra = values.get("llama_server_extra_args")
     if not isinstance(extra, list):
@@ -322,6 +344,7 @@ def _check_extra_args(report: Report, values: Mapping[str, Any]) -> None:
             "or put a secret into the unit's argv); set the kit's variable for it instead (llama_server_host, "
             "llama_server_port, llama_server_api_key, llama_server_tls, models_*, llama_server_spec_*, "
             "llama_server_ctx_size, …; roles/llama_server/README.md)",
+            shown=_secrets_hidden(extra),
         )
 
 

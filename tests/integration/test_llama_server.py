@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -214,28 +215,43 @@ def provision_killed_after(host: str, task: str, *extra: str) -> str:
     return "".join(lines)
 
 
-@pytest.mark.parametrize("task", ["Write the unit", "Restart the server"])
+def _slug(task: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", task.lower()).strip("-")
+
+
+# Right after each write of the rollout: the environment file (its configuration digest changes with the unit),
+# the unit, the restart (no canary yet), and the first copy of the last-good pair (canary passed, nothing recorded).
+ROLLOUT_WRITES = [
+    "Write the environment file (root-only, may hold the API key)",
+    "Write the unit",
+    "Restart the server",
+    "Keep this unit as the last one that worked",
+]
+
+
+@pytest.mark.parametrize("task", ROLLOUT_WRITES)
 def test_a_provision_killed_mid_rollout_is_followed_by_one_that_converges_the_running_server(mtp_rig, task):
     """Level-triggered: the next run compares what runs (the container's configuration, systemd's loaded unit, the
-    configuration whose canary passed) with what should run, so a run killed after writing the unit (the server
-    still runs the old setting) or after restarting it (no canary yet) is followed by one that restarts and proves
-    the server, and a third run changes nothing."""
+    configuration whose canary passed) with what should run, so a run killed after any write of the rollout (the
+    server still runs the old setting, or runs the new one that no recorded canary proved) is followed by one that
+    restarts and proves the server, and a third run changes nothing."""
     before = draft_n_max(running_argv())
     wanted = "2" if before != "2" else "1"
     change = f"-e llama_server_spec_draft_n_max={wanted}"
     killed = provision_killed_after(MTP_RIG, task, change)
+    if task in ROLLOUT_WRITES[:2]:
+        assert draft_n_max(running_argv()) == before, killed[-3000:]  # killed before the restart
     if task == "Write the unit":
         words = " ".join(unit_text().replace('"', "").replace("\\\n", " ").split())
         assert f"--spec-draft-n-max {wanted} " in words, words
-        assert draft_n_max(running_argv()) == before, killed[-3000:]  # killed before the restart
     try:
-        code, output = provision(MTP_RIG, change, log=f"after-kill-{task.replace(' ', '-').lower()}")
+        code, output = provision(MTP_RIG, change, log=f"after-kill-{_slug(task)}")
         assert code == 0, output[-6000:]
         assert draft_n_max(running_argv()) == wanted, output[-6000:]
         assert "Wait for health and a canary that drafts" in output
-        code, output = provision(MTP_RIG, change, log=f"after-kill-noop-{task.replace(' ', '-').lower()}")
+        code, output = provision(MTP_RIG, change, log=f"after-kill-noop-{_slug(task)}")
         assert code == 0 and recap(output)[MTP_RIG]["changed"] == 0, output[-6000:]
     finally:
-        code, output = provision(MTP_RIG, log=f"after-kill-restore-{task.replace(' ', '-').lower()}")
+        code, output = provision(MTP_RIG, log=f"after-kill-restore-{_slug(task)}")
         assert code == 0, output[-6000:]
     assert draft_n_max(running_argv()) == before

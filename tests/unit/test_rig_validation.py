@@ -62,7 +62,7 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         "extra-args-secret",
         {"llama_server_extra_args": ["--api-key=sekrit", "-c", "4096", "--jinja"]},
         [
-            '{file}: llama_server_extra_args is ["--api-key=sekrit", "-c", "4096", "--jinja"]; sets --api-key,',
+            '{file}: llama_server_extra_args is ["--api-key=<hidden>", "-c", "4096", "--jinja"]; sets --api-key,',
             "sets -c, which the kit manages",
         ],
     ),
@@ -690,6 +690,25 @@ def test_a_secret_is_never_shown_in_a_refusal():
     assert 'models_hf_tokn is "<hidden>"' in text and 'llama_server_api_kye is "<hidden>"' in text, text
     assert "did you mean llama_server_api_key" in text
     assert "hunter2" not in text and "hf_secret123" not in text
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--api-key", "hunter2"], ["--api-key=hunter2", "--jinja"], ["-hft", "hunter2"], ["--hf-token=hunter2"]],
+)
+def test_a_secret_in_extra_args_is_refused_without_being_shown(extra):
+    from rigkit.inventory_files import Sources
+    from rigkit.rig_validate import load_specs, rig_problems
+
+    values = _inventory_values(REPO / "inventory/host_vars/desktop3050.yml", ["gpu_rigs"])
+    values["llama_server_extra_args"] = extra
+    sources = Sources(str(REPO / "inventory"), "desktop3050", ["gpu_rigs", "rigs"])
+    problems = rig_problems(
+        "desktop3050", values, specs=load_specs(str(REPO / "roles")), sources=sources, catalog=CATALOG
+    )
+    text = "\n".join(problems)
+    assert "llama_server_extra_args is [" in text and "<hidden>" in text, text
+    assert "hunter2" not in text, text
 
 
 def test_the_file_named_is_the_one_that_set_the_value():
