@@ -20,6 +20,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ansible.module_utils.fetch_hash import sha256_file
+
 from rigkit import REPO
 from rigkit.paths import cache_dir
 
@@ -67,14 +69,6 @@ def pins(path: Path = PINS) -> tuple[str, list[Wheel]]:
     ]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def fetch_wheels(wheels: list[Wheel], into: Path) -> dict[str, Path]:
     """Each pinned wheel in ``into`` (downloaded once), verified: {name: path}. A wheel whose sha256 differs is
     removed and refused."""
@@ -97,7 +91,7 @@ def fetch_wheels(wheels: list[Wheel], into: Path) -> dict[str, Path]:
                     f"check the pin in {PINS.relative_to(REPO)} and the machine's pip configuration"
                 )
         path = present[0]
-        actual = _sha256(path)
+        actual = sha256_file(str(path))
         if actual != wheel.sha256:
             path.unlink()
             raise StandinError(
@@ -162,7 +156,8 @@ def build_images(base_image: str, *, cache: Path | None = None) -> StandinImages
     tags = {target: f"{REPOSITORY}:{cuda_version}-{target}-{base_name}-{digest}" for target in ("devel", "runtime")}
     work = (cache or cache_dir()) / "cuda-standin"
     paths = fetch_wheels(wheels, work / "wheels")
-    images = StandinImages(cuda_version, tags["devel"], tags["runtime"], {p.name: _sha256(p) for p in paths.values()})
+    verified = {paths[wheel.name].name: wheel.sha256 for wheel in wheels}  # fetch_wheels refused any other
+    images = StandinImages(cuda_version, tags["devel"], tags["runtime"], verified)
     if all(_image_exists(tag) for tag in tags.values()):
         return images
     major_minor = ".".join(cuda_version.split(".")[:2])
