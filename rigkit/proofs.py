@@ -72,6 +72,53 @@ class Proof:
 HARNESS = Step(("ansible-playbook", "playbooks/harness.yml"))
 RIG_IMAGE_INPUTS = ("docker/rig", "roles/container_harness", "playbooks/harness.yml", "playbooks/molecule")
 
+
+def _cuda_image_proof(rig: str, arch: str) -> Proof:
+    """docker/Dockerfile's CUDA path for one rig's architecture (tests/proofs/test_cuda_image.py)."""
+    return Proof(
+        name=f"cuda-image-sm{arch}",
+        summary=(
+            f"docker/Dockerfile's CUDA path compiled for sm {arch} with the llamacpp_image role's build arguments for "
+            f"{rig} on stand-in CUDA 13.0.2 bases from NVIDIA's PyPI wheels; the runtime image's ldd complete but for "
+            "the driver's libcuda.so.1; without a GPU it serves the tiny MTP pair on the CPU and the offload check "
+            "refuses it (tests/proofs/test_cuda_image.py)"
+        ),
+        steps=(
+            HARNESS,
+            Step(
+                (
+                    "env",
+                    f"RIGKIT_CUDA_PROOF_RIG={rig}",
+                    "pytest",
+                    "-p",
+                    "no:cacheprovider",
+                    "tests/proofs/test_cuda_image.py",
+                )
+            ),
+        ),
+        readback=Step(("cat", f"reports/cuda/cuda-image-sm{arch}.txt")),
+        decisive=r"^(build|ldd|libcuda1|cuda|served|offload): ",
+        decisive_min=6,
+        inputs=(
+            "docker/Dockerfile",
+            "docker/cuda-standin",
+            "rigkit/cuda_standin.py",
+            "rigkit/cli/cuda_standin.py",
+            "rigkit/sandbox/tiny_gemma4.py",
+            "tests/proofs/test_cuda_image.py",
+            "tests/integration/playbooks/image_inputs.yml",
+            "inventory/group_vars/sandbox_rigs.yml",
+            f"inventory/host_vars/{rig}.yml",
+            "module_utils/gpu_offload.py",
+            "module_utils/nvidia_compat.py",
+            *RIG_IMAGE_INPUTS,
+            "requirements.txt",
+            "ansible.cfg",
+        ),
+        roles=("llamacpp_image",),
+    )
+
+
 PROOFS: tuple[Proof, ...] = (
     Proof(
         name="nvidia-driver-dkms-debian12",
@@ -90,36 +137,7 @@ PROOFS: tuple[Proof, ...] = (
         roles=("nvidia_driver",),
         cleanup=(Step(("molecule", "destroy", "--scenario-name", "dkms"), "roles/nvidia_driver"),),
     ),
-    Proof(
-        name="cuda-image-sm75",
-        summary=(
-            "docker/Dockerfile's CUDA path compiled for sm 75 with the llamacpp_image role's build arguments on "
-            "stand-in CUDA 13.0.2 bases from NVIDIA's PyPI wheels; the runtime image's ldd complete but for the "
-            "driver's libcuda.so.1; without a GPU it serves the tiny MTP pair on the CPU and the offload check "
-            "refuses it (tests/proofs/test_cuda_image.py)"
-        ),
-        steps=(HARNESS, Step(("pytest", "-p", "no:cacheprovider", "tests/proofs/test_cuda_image.py"))),
-        readback=Step(("cat", "reports/cuda/cuda-image-sm75.txt")),
-        decisive=r"^(build|ldd|libcuda1|cuda|served|offload): ",
-        decisive_min=6,
-        inputs=(
-            "docker/Dockerfile",
-            "docker/cuda-standin",
-            "rigkit/cuda_standin.py",
-            "rigkit/cli/cuda_standin.py",
-            "rigkit/sandbox/tiny_gemma4.py",
-            "tests/proofs/test_cuda_image.py",
-            "tests/integration/playbooks/image_inputs.yml",
-            "inventory/group_vars/sandbox_rigs.yml",
-            "inventory/host_vars/laptop1650ti.yml",
-            "module_utils/gpu_offload.py",
-            "module_utils/nvidia_compat.py",
-            *RIG_IMAGE_INPUTS,
-            "requirements.txt",
-            "ansible.cfg",
-        ),
-        roles=("llamacpp_image",),
-    ),
+    *(_cuda_image_proof(rig, arch) for rig, arch in (("laptop1650ti", "75"),)),
 )
 # Molecule scenarios that are proofs: make test leaves them to their receipts.
 PROOF_SCENARIOS = frozenset(

@@ -1,12 +1,13 @@
-"""The CUDA image proof (make proof-cuda-image-sm75; too long for every test run on 2 cores).
+"""The CUDA image proofs (make proof-cuda-image-sm75 / -sm86; too long for every test run on 2 cores).
 
 docker/Dockerfile's CUDA path, compiled for real: on the stand-in CUDA bases built from NVIDIA's PyPI wheels
-(rigkit/cuda_standin.py), with the build arguments the llamacpp_image role renders for the GTX 1650 Ti rig (sm 75,
-GGML_CUDA=ON, the production flags), from the sandbox's verified llama.cpp source. Then the runtime image's
+(rigkit/cuda_standin.py), with the build arguments the llamacpp_image role renders for the GTX 1650 Ti rig (sm 75)
+or, with RIGKIT_CUDA_PROOF_RIG=desktop3050, the RTX 3050 (sm 86): GGML_CUDA=ON and the production flags, from the
+sandbox's verified llama.cpp source. Then the runtime image's
 ``ldd`` must be complete but for the driver's libcuda.so.1, and the binary, started with Debian's libcuda1 at the
 Debian 12 pin and no GPU, under the server's own container flags, must start, say why CUDA is unavailable, serve
 the tiny MTP pair on the CPU (drafting), and be refused by the rollout's offload check. Writes
-reports/cuda/cuda-image-sm75.json (the decisive lines the receipt reads back) and the whole server log beside it.
+reports/cuda/cuda-image-smNN.json and .txt (the decisive lines the receipt reads back) and the whole server log.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ from rigkit.cuda_standin import StandinImages, build_images
 from rigkit.sandbox.tiny_gemma4 import write_pair
 from tests.support import CACHE_DIR, REPO, group_vars, image_inputs, role_defaults, run
 
-RIG = "laptop1650ti"
-ARCH = "75"
+# The rig whose build arguments the proof renders (make proof-cuda-image-sm75 / -sm86 set it), and its architecture.
+ARCHITECTURES = {"laptop1650ti": "75", "desktop3050": "86"}
+RIG = os.environ.get("RIGKIT_CUDA_PROOF_RIG", "laptop1650ti")
+ARCH = ARCHITECTURES[RIG]
 ALIAS = f"rigkit/llama-server:cuda-standin-sm{ARCH}"  # the name the receipt's readback reads
 PROBE = f"{ALIAS}-libcuda1"
 REPORTS = REPO / "reports" / "cuda"
