@@ -137,7 +137,7 @@ PROOFS: tuple[Proof, ...] = (
         roles=("nvidia_driver",),
         cleanup=(Step(("molecule", "destroy", "--scenario-name", "dkms"), "roles/nvidia_driver"),),
     ),
-    *(_cuda_image_proof(rig, arch) for rig, arch in (("laptop1650ti", "75"),)),
+    *(_cuda_image_proof(rig, arch) for rig, arch in (("laptop1650ti", "75"), ("desktop3050", "86"))),
 )
 # Molecule scenarios that are proofs: make test leaves them to their receipts.
 PROOF_SCENARIOS = frozenset(
