@@ -50,6 +50,11 @@ def _values(hostvars: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _resolved(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values templating could resolve (what the preflight and the archive rule read)."""
+    return {name: value for name, value in values.items() if not isinstance(value, Unresolved)}
+
+
 def _report(values: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], specs: Any) -> Report:
     sources = Sources(inventory, host, groups)
     return rig_report(host, values, specs=specs, sources=sources, catalog=values.get("model_catalog"))
@@ -63,8 +68,7 @@ def _preflight(
     cache_dir: str,
     defaults: Mapping[str, Any],
 ) -> list[str]:
-    resolved = {k: v for k, v in values.items() if not isinstance(v, Unresolved)}
-    merged = {**defaults, **resolved}
+    merged = {**defaults, **_resolved(values)}
     sources = Sources(inventory, host, groups)
     return controller_preflight(host, merged, sources=sources, catalog=merged.get("model_catalog"), cache_dir=cache_dir)
 
@@ -110,9 +114,8 @@ def rig_fleet_validation(
             else []
         )
         if report.values_sound:
-            resolved = {name: value for name, value in values.items() if not isinstance(value, Unresolved)}
             sources = Sources(inventory, host, groups)
-            report.problems += archive_problems(host, resolved, sources=sources, lookup=archive.index)
+            report.problems += archive_problems(host, _resolved(values), sources=sources, lookup=archive.index)
         results[host] = {"problems": report.problems + preflight, "preflight": [] if report.problems else preflight}
     return results
 
