@@ -19,7 +19,6 @@ from rigkit.controller_preflight import controller_preflight
 from rigkit.debian_archive import Archive
 from rigkit.inventory_files import Sources
 from rigkit.rig_validate import (
-    Report,
     Unresolved,
     archive_problems,
     load_specs,
@@ -55,21 +54,10 @@ def _resolved(values: Mapping[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in values.items() if not isinstance(value, Unresolved)}
 
 
-def _report(values: Mapping[str, Any], host: str, groups: list[str], inventory: str | list[str], specs: Any) -> Report:
-    sources = Sources(inventory, host, groups)
-    return rig_report(host, values, specs=specs, sources=sources, catalog=values.get("model_catalog"))
-
-
 def _preflight(
-    values: Mapping[str, Any],
-    host: str,
-    groups: list[str],
-    inventory: str | list[str],
-    cache_dir: str,
-    defaults: Mapping[str, Any],
+    host: str, values: Mapping[str, Any], sources: Sources, cache_dir: str, defaults: Mapping[str, Any]
 ) -> list[str]:
     merged = {**defaults, **_resolved(values)}
-    sources = Sources(inventory, host, groups)
     return controller_preflight(host, merged, sources=sources, catalog=merged.get("model_catalog"), cache_dir=cache_dir)
 
 
@@ -83,10 +71,9 @@ def rig_fleet_preflight(
     defaults = plain_defaults(ROLES_DIR, "llama_server")
     return {
         host: _preflight(
-            _values(hostvars[host]),
             host,
-            hostvars[host]["group_names"],
-            inventory,
+            _values(hostvars[host]),
+            Sources(inventory, host, hostvars[host]["group_names"]),
             hostvars[host]["rig_controller_cache_dir"],
             defaults,
         )
@@ -98,23 +85,20 @@ def rig_fleet_validation(
     hosts: list[str], hostvars: Mapping[str, Any], inventory: str | list[str]
 ) -> dict[str, dict[str, list[str]]]:
     """The validation play's one task: {rig: {"problems": [...], "preflight": [...]}}. Each rig's variables are
-    templated once; the preflight is read only for a rig whose values are sound (those the preflight expects;
-    models not pinned yet do not stop it, so a context that cannot fit is named in the same run)."""
+    templated once; the preflight and the archive rule are read only for a rig whose values are sound (those they
+    expect; models not pinned yet do not stop them, so a context that cannot fit is named in the same run)."""
     specs = load_specs(ROLES_DIR)
     defaults = plain_defaults(ROLES_DIR, "llama_server")
     archive = Archive()  # Debian's indexes, read once for the fleet (cached on disk)
     results: dict[str, dict[str, list[str]]] = {}
     for host in hosts:
         host_vars = hostvars[host]
-        values, groups = _values(host_vars), host_vars["group_names"]
-        report = _report(values, host, groups, inventory, specs)
-        preflight = (
-            _preflight(values, host, groups, inventory, host_vars["rig_controller_cache_dir"], defaults)
-            if report.values_sound
-            else []
-        )
+        values = _values(host_vars)
+        sources = Sources(inventory, host, host_vars["group_names"])
+        report = rig_report(host, values, specs=specs, sources=sources, catalog=values.get("model_catalog"))
+        preflight: list[str] = []
         if report.values_sound:
-            sources = Sources(inventory, host, groups)
+            preflight = _preflight(host, values, sources, host_vars["rig_controller_cache_dir"], defaults)
             report.problems += archive_problems(host, _resolved(values), sources=sources, lookup=archive.index)
         results[host] = {"problems": report.problems + preflight, "preflight": [] if report.problems else preflight}
     return results
