@@ -11,9 +11,10 @@ from ansible.errors import AnsibleFilterError
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
 # isort: split
-from ansible.module_utils.net_address import is_loopback
+from ansible.module_utils.net_address import is_loopback, serves_tls
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset
 from ansible.module_utils.preflight_memory import BUDGET_VARIABLE, memory_budget_mib, memory_headroom_mib
+from ansible.module_utils.server_paths import tls_cert_path, tls_dir, tls_key_path
 
 
 def _nft_allowlist(networks: Any, instance: str, port: Any) -> str:
@@ -75,4 +76,8 @@ class FilterModule:
             "llama_server_nft_allowlist": _nft_allowlist,
             "llama_server_report_line": _report_line,
             "rigkit_is_loopback": is_loopback,
+            "rigkit_serves_tls": serves_tls,
+            "rigkit_server_tls_dir": tls_dir,
+            "rigkit_server_tls_cert_path": tls_cert_path,
+            "rigkit_server_tls_key_path": tls_key_path,
         }

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 ROLES = ("target", "drafter")
+ALIAS_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 REQUIRED_FIELDS = ("repo", "revision", "filename", "sha256", "size", "architecture", "role")
 PIN_FIELDS = ("repo", "revision", "sha256", "size")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
@@ -50,6 +51,12 @@ def entry_problems(name: str, entry: Any) -> list[str]:
     revision = entry.get("revision")
     if revision is not None and not REVISION_RE.fullmatch(str(revision)):
         problems.append(f"{name}: revision must be a full 40-character commit (branches move), found {revision!r}")
+    alias = entry.get("alias")
+    if alias is not None and (entry.get("role") != "target" or not ALIAS_RE.fullmatch(str(alias))):
+        problems.append(
+            f"{name}: alias (the model name clients ask the fleet gateway for) is for a target only, in lowercase "
+            f"letters, digits, '.', '_' and '-', found {alias!r}"
+        )
     size = entry.get("size")
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
         problems.append(f"{name}: size must be a positive number of bytes, found {size!r}")

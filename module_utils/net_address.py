@@ -17,3 +17,19 @@ def is_loopback(host: object) -> bool:
         return ipaddress.ip_address(text.removeprefix("[").removesuffix("]")).is_loopback
     except ValueError:
         return False
+
+
+WILDCARD_BINDS = ("0.0.0.0", "::", "[::]")  # noqa: S104 - names the wildcard binds, binds nothing
+TLS_ON = ("true", "yes", "on")
+
+
+def serves_tls(setting: object, host: object) -> bool:
+    """Whether a server bound to ``host`` speaks TLS under ``llama_server_tls`` = ``setting``: when asked for, or
+    (auto) whenever the bind is not loopback (an API key would otherwise cross the network in clear)."""
+    text = str(setting).strip().lower()
+    return text in TLS_ON or (text == "auto" and not is_loopback(host))
+
+
+def is_wildcard(host: object) -> bool:
+    """0.0.0.0 or :: : every address of the machine."""
+    return str(host or "").strip() in WILDCARD_BINDS

@@ -11,12 +11,16 @@ from typing import Any
 from rigkit.paths import UnsafeDirectoryError, inventory_sources, private_dir
 
 
-def known_rigs() -> list[str]:
+def known_rigs(pattern: str = "rigs") -> list[str]:
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
 
     manager = InventoryManager(loader=DataLoader(), sources=inventory_sources())
-    return sorted(host.name for host in manager.get_hosts("rigs"))
+    return sorted(host.name for host in manager.get_hosts(pattern))
+
+
+# Groups make's host= may name besides single hosts.
+KNOWN_GROUPS = ("rigs", "gpu_rigs", "sandbox_rigs", "fleet_services")
 
 
 def host_values(host: str, names: tuple[str, ...]) -> dict[str, Any]:
@@ -50,11 +54,13 @@ def check_host(name: str) -> int:
         print("\n".join(f"rigkit: {error}" for error in yaml_errors), file=sys.stderr)
         return 2
     rigs = known_rigs()
+    services = known_rigs("fleet_services")
     wanted = [part for part in name.split(",") if part]
-    unknown = [part for part in wanted if part not in rigs and part not in ("rigs", "gpu_rigs", "sandbox_rigs")]
+    unknown = [part for part in wanted if part not in rigs + services and part not in KNOWN_GROUPS]
     if not wanted or unknown:
         print(
-            f"rigkit: unknown host {', '.join(unknown) or repr(name)}. Known rigs: {', '.join(rigs)}.\n"
+            f"rigkit: unknown host {', '.join(unknown) or repr(name)}. Known rigs: {', '.join(rigs)}; fleet "
+            f"services: {', '.join(services) or 'none'}.\n"
             "Add a rig with make discover host=NAME address=HOST (or one line in inventory/hosts.yml and a file in "
             "inventory/host_vars/, see README).",
             file=sys.stderr,

@@ -380,10 +380,13 @@ NOT_PATHS = {"/var/lib", "/srv", "/opt", "/home", "/usr", "/etc"}
 
 
 def role_paths() -> set[str]:
-    """Every absolute path written in a role's tasks, defaults or vars (up to its first template)."""
+    """Every absolute path written in a rig role's tasks, defaults or vars (up to its first template); the fleet
+    services' roles (fleet_*) run on the fleet_services host, which has no fast path."""
     found: set[str] = set()
     for folder in ("tasks", "defaults", "vars", "handlers"):
         for path in (REPO / "roles").glob(f"*/{folder}/*.yml"):
+            if path.parts[-3].startswith("fleet_"):
+                continue
             for match in re.finditer(r"(?<![\w.{])(/(?:etc|usr|var|opt|lib)/[A-Za-z0-9_./-]*)", path.read_text()):
                 found.add(match.group(1).rstrip("."))
     return found

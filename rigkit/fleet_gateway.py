@@ -1,0 +1,182 @@
+"""What the fleet gateway (roles/fleet_gateway, HAProxy) puts in front of: one upstream per rig, and the model
+aliases the fleet answers to. Computed on the controller from each rig's own settings, so a rig the gateway
+cannot reach, or could reach only by sending its API key in clear, is refused before the gateway host is touched.
+
+A rig's server is reached where its bind says: a specific address as it is, a wildcard bind (0.0.0.0, ::) at the
+rig's ansible_host, a loopback bind only from a gateway that shares the rig's network (the sandbox's containers
+on host networking). TLS follows the server's own rule (ansible.module_utils.net_address.serves_tls).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
+
+# isort: split
+from ansible.module_utils.model_catalog import ALIAS_RE
+from ansible.module_utils.net_address import is_loopback, is_wildcard, serves_tls
+from ansible.module_utils.server_paths import tls_cert_path
+
+# An API key travels in an HAProxy map file and an Authorization header: printable, no whitespace.
+API_KEY = re.compile(r"[\x21-\x7e]{16,256}")
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One rig's llama-server as the gateway reaches it."""
+
+    rig: str
+    alias: str
+    address: str  # what HAProxy connects to (an IPv6 address without brackets)
+    port: int
+    tls: bool
+    # The name the rig's certificate must carry (the kit's own certificate always lists the rig's inventory
+    # name); empty: the certificate the rig presents is pinned as the only trusted one, without a name check.
+    verify_name: str
+    api_key: str
+    # where the rig keeps the certificate its server presents (read from the rig for verification)
+    cert_path: str
+    # llama-server's slots: more concurrent requests would only queue inside the rig
+    max_connections: int
+
+    @property
+    def backend_name(self) -> str:
+        return backend_name(self.alias)
+
+
+def backend_name(alias: str) -> str:
+    """The HAProxy backend of one alias (HAProxy names: letters, digits, '-', '_', '.', ':')."""
+    return "model_" + alias
+
+
+def alias_of(catalog: Mapping[str, Any], target: str) -> str:
+    """The name clients ask for (the request's "model"): the catalog entry's alias, or its key."""
+    entry = catalog.get(target) if isinstance(catalog, Mapping) else None
+    alias = (entry or {}).get("alias") if isinstance(entry, Mapping) else None
+    return str(alias or target).lower()
+
+
+def _address(rig: str, values: Mapping[str, Any]) -> str:
+    host = str(values.get("llama_server_host") or "127.0.0.1").strip()
+    if is_wildcard(host):
+        host = str(values.get("ansible_host") or rig)
+    if host.lower() == "localhost":
+        return "127.0.0.1"
+    return host.removeprefix("[").removesuffix("]")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def upstream(
+    rig: str, values: Mapping[str, Any], catalog: Mapping[str, Any], *, shares_network: bool, gateway: str
+) -> tuple[Upstream | None, list[str]]:
+    """The rig's upstream, or the reasons the gateway cannot use it (each naming the variable and the file)."""
+    rig_file = f"inventory/host_vars/{rig}.yml"
+    bind = str(values.get("llama_server_host") or "127.0.0.1")
+    address = _address(rig, values)
+    tls = serves_tls(values.get("llama_server_tls", "auto"), bind)
+    api_key = str(values.get("llama_server_api_key") or "")
+    problems: list[str] = []
+    if is_loopback(address) and not shares_network:
+        problems.append(
+            f"{rig}: llama_server_host is {bind} (loopback), which the gateway on {gateway} cannot reach: serve on "
+            f"an address the gateway reaches (llama_server_host, with llama_server_api_key from Vault) in "
+            f"{rig_file}, or leave {rig} out of fleet_gateway_rigs in inventory/host_vars/{gateway}.yml"
+        )
+    if not is_loopback(address) and not tls:
+        problems.append(
+            f"{rig}: its server speaks plain HTTP on {address} (llama_server_tls: {values.get('llama_server_tls')}), "
+            f"so the gateway would send prompts and its key in clear: set llama_server_tls to auto in {rig_file}"
+        )
+    if api_key and not API_KEY.fullmatch(api_key):
+        problems.append(
+            f"{rig}: llama_server_api_key must be 16 to 256 printable characters without spaces (the gateway "
+            f"sends it in an Authorization header): set another one in Vault for {rig_file}"
+        )
+    target = str(values.get("models_target") or "")
+    alias = alias_of(catalog, target)
+    if not ALIAS_RE.fullmatch(alias):
+        problems.append(
+            f"{rig}: the model alias {alias!r} (catalog entry {target!r}) must be lowercase letters, digits, '.', "
+            "'_' or '-': set its alias in inventory/group_vars/all/model_catalog.yml"
+        )
+    try:
+        port = int(values.get("llama_server_port", 8080))
+        parallel = int(values.get("llama_server_parallel", 1))
+    except (TypeError, ValueError):
+        problems.append(f"{rig}: llama_server_port and llama_server_parallel must be numbers ({rig_file})")
+        return None, problems
+    if problems:
+        return None, problems
+    own_certificate = not str(values.get("llama_server_tls_cert") or "")
+    verify_name = rig if own_certificate else ("" if _is_ip(address) else address)
+    return (
+        Upstream(
+            rig=rig,
+            alias=alias,
+            address=address,
+            port=port,
+            tls=tls,
+            verify_name=verify_name if tls else "",
+            api_key=api_key,
+            cert_path=tls_cert_path(values.get("llama_server_instance") or "main") if tls else "",
+            max_connections=max(parallel, 1),
+        ),
+        [],
+    )
+
+
+def plan(
+    rigs: Mapping[str, Mapping[str, Any]],
+    catalog: Mapping[str, Any],
+    *,
+    shares_network: bool,
+    gateway: str,
+    default_alias: str = "",
+) -> dict[str, Any]:
+    """{"upstreams": [...], "aliases": [...], "default_alias": str, "problems": [...]} for the gateway on
+    ``gateway`` in front of ``rigs`` ({inventory name: its resolved variables})."""
+    upstreams: list[Upstream] = []
+    problems: list[str] = []
+    if not rigs:
+        problems.append(
+            f"fleet_gateway_rigs is empty: list the rigs the gateway on {gateway} fronts in "
+            f"inventory/host_vars/{gateway}.yml"
+        )
+    for rig in sorted(rigs):
+        found, refused = upstream(rig, rigs[rig], catalog, shares_network=shares_network, gateway=gateway)
+        problems += refused
+        if found is not None:
+            upstreams.append(found)
+    aliases = sorted({item.alias for item in upstreams})
+    default = default_alias or (aliases[0] if aliases else "")
+    if default_alias and aliases and default_alias not in aliases:
+        problems.append(
+            f"fleet_gateway_default_model is {default_alias!r}, which no rig of fleet_gateway_rigs serves "
+            f"(they serve {', '.join(aliases)}): fix it in inventory/host_vars/{gateway}.yml"
+        )
+    return {
+        "upstreams": [{**asdict(item), "backend": item.backend_name} for item in upstreams],
+        "aliases": aliases,
+        "default_alias": default,
+        "problems": problems,
+    }
+
+
+def models_list(aliases: list[str], created: int = 0) -> dict[str, Any]:
+    """The gateway's answer to GET /v1/models (OpenAI's list shape)."""
+    return {
+        "object": "list",
+        "data": [{"id": alias, "object": "model", "created": created, "owned_by": "rigkit"} for alias in aliases],
+    }

@@ -1,0 +1,229 @@
+"""The fleet gateway (roles/fleet_gateway, HAProxy from Debian) in front of real sandbox rigs: `make provision` of a
+gateway host (container rigkit-gw-fleet, tests/integration/inventories/gateway) fronting the kit's two sandboxes
+and gw-tls-rig, a second tiny-gemma4 rig that serves TLS with its own API key.
+
+Through the gateway, verified against its own certificate and with the client key: each alias completes, on the
+rigs that serve it; /v1/models lists the aliases; no key is 401, an unknown model 404, an oversized body 413.
+With gw-tls-rig's server stopped in the middle of 50 requests, all 50 succeed; it is taken out, and back in
+rotation once it answers again. A second converge changes nothing; a rig the gateway could not reach is refused
+before the gateway host is touched.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.support import REPO, recap, run, wait_for_image_build
+
+INVENTORY_DIR = REPO / "tests/integration/inventories/gateway"
+INVENTORY = f"{REPO / 'inventory/hosts.yml'},{INVENTORY_DIR}"
+_HOSTS = yaml.safe_load((INVENTORY_DIR / "hosts.yml").read_text())["all"]["children"]
+RIG = "gw-tls-rig"
+RIG_SETTINGS = _HOSTS["rigs"]["children"]["sandbox_rigs"]["hosts"][RIG]
+GATEWAY = "gw-fleet"
+GATEWAY_SETTINGS = _HOSTS["fleet_services"]["hosts"][GATEWAY]
+URL = f"https://127.0.0.1:{GATEWAY_SETTINGS['fleet_gateway_port']}"
+STATS = f"http://127.0.0.1:{GATEWAY_SETTINGS['fleet_gateway_stats_port']}/stats;csv"
+CLIENT_KEY = GATEWAY_SETTINGS["fleet_gateway_api_key"]
+CONTAINERS = ("rigkit-gw-fleet", "rigkit-gw-tls-rig")
+
+
+def remove_containers() -> None:
+    for name in CONTAINERS:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+        subprocess.run(["docker", "volume", "rm", "-f", f"{name}-docker"], capture_output=True, check=False)
+
+
+def make(host: str, cache: Path, log: str, *args: str) -> object:
+    return run(
+        ["make", "--no-print-directory", "provision", f"host={host}", *([f"ARGS={' '.join(args)}"] if args else [])],
+        log_name=log,
+        ANSIBLE_INVENTORY=INVENTORY,
+        RIGKIT_CACHE_DIR=str(cache),
+        RIGKIT_LOCK_FILE=str(cache / "rigs.lock.json"),
+    )
+
+
+def in_container(container: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", "exec", container, *argv], capture_output=True, text=True, check=False)
+
+
+def servers() -> dict[tuple[str, str], dict[str, str]]:
+    """HAProxy's statistics, {(proxy, server): row}."""
+    text = requests.get(STATS, timeout=10).text.lstrip("# ")
+    return {(row["pxname"], row["svname"]): row for row in csv.DictReader(io.StringIO(text))}
+
+
+def wait_for_status(server: str, status: str, timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if servers()[("model_tiny-gemma4", server)]["status"] == status:
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise AssertionError(f"{server} not {status} after {timeout} s: {servers()[('model_tiny-gemma4', server)]}")
+
+
+def ask(gateway: dict, model: str | None, key: str | None = CLIENT_KEY, **body: object) -> requests.Response:
+    payload = {"prompt": "abc", "max_tokens": 8, "temperature": 0, **body}
+    if model is not None:
+        payload["model"] = model
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.post(f"{URL}/v1/completions", json=payload, headers=headers, verify=gateway["cert"], timeout=120)
+
+
+@pytest.fixture(scope="module")
+def gateway(sandbox_provisioned, mtp_provisioned, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    wait_for_image_build()
+    remove_containers()
+    cache = tmp_path_factory.mktemp("gateway-cache")
+    shared = Path(os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit") / "fixtures"
+    if shared.is_dir():
+        (cache / "fixtures").symlink_to(shared)
+    rig = make(RIG, cache, "provision-gw-tls-rig")
+    assert rig.returncode == 0, rig.tail(120)
+    started = time.monotonic()
+    first = make(GATEWAY, cache, "provision-gw-fleet-first")
+    assert first.returncode == 0, first.tail(120)
+    seconds = time.monotonic() - started
+    cert = cache / "gateway.pem"
+    cert.write_text(in_container("rigkit-gw-fleet", "cat", "/etc/haproxy/rigkit/gateway.pem").stdout)
+    print(f"gateway provisioned in {seconds:.0f} s")
+    yield {"cache": cache, "cert": str(cert)}
+    remove_containers()
+
+
+def test_each_alias_completes_through_the_gateway_on_a_rig_that_serves_it(gateway):
+    listed = requests.get(
+        f"{URL}/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"}, verify=gateway["cert"], timeout=30
+    )
+    assert listed.status_code == 200 and [m["id"] for m in listed.json()["data"]] == ["gemma-3-270m", "tiny-gemma4"]
+    for model, served_from in (("gemma-3-270m", "gemma-3-270m-it-Q4_K_M.gguf"), ("tiny-gemma4", "tiny-gemma4.gguf")):
+        answer = ask(gateway, model)
+        assert answer.status_code == 200, answer.text[:300]
+        assert answer.json()["choices"][0]["text"] and answer.json()["model"].endswith(served_from), answer.text[:300]
+    # llama.cpp's own endpoint, without a "model": the first alias
+    native = requests.post(
+        f"{URL}/completion",
+        json={"prompt": "hi", "n_predict": 2},
+        headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+        verify=gateway["cert"],
+        timeout=60,
+    )
+    assert native.status_code == 200 and native.json()["model"].endswith("gemma-3-270m-it-Q4_K_M.gguf"), native.text
+
+
+def test_the_tls_rig_is_reached_with_its_own_key_and_the_client_key_opens_only_the_gateway(gateway):
+    before = int(servers()[("model_tiny-gemma4", RIG)]["stot"])
+    for _ in range(4):
+        assert ask(gateway, "tiny-gemma4").status_code == 200
+    assert int(servers()[("model_tiny-gemma4", RIG)]["stot"]) > before
+    rig_url = f"https://127.0.0.1:{RIG_SETTINGS['llama_server_port']}/completion"
+    rig_cert = gateway["cache"] / "rig.crt"
+    rig_cert.write_text(in_container("rigkit-gw-tls-rig", "cat", "/etc/rigkit/tls/main/server.crt").stdout)
+    direct = requests.post(
+        rig_url,
+        json={"prompt": "a", "n_predict": 1},
+        headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+        verify=str(rig_cert),
+        timeout=30,
+    )
+    assert direct.status_code == 401, "the rig must not accept the gateway's client key"
+
+
+def test_refusals_a_client_sees(gateway):
+    assert ask(gateway, "tiny-gemma4", key=None).status_code == 401
+    assert ask(gateway, "tiny-gemma4", key="not-the-key-0000000000").status_code == 401
+    unknown = ask(gateway, "gpt-4")
+    assert unknown.status_code == 404 and "v1/models" in unknown.json()["error"]["message"]
+    too_big = ask(gateway, "tiny-gemma4", prompt="x" * (GATEWAY_SETTINGS.get("fleet_gateway_max_body_kib", 192) * 1024))
+    assert too_big.status_code == 413
+    assert requests.get(f"{URL}/health", verify=gateway["cert"], timeout=10).json() == {"status": "ok"}
+
+
+def test_a_rig_stopped_in_the_middle_of_50_requests_loses_none_and_comes_back(gateway):
+    unit = "rigkit-llama-main.service"
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [pool.submit(ask, gateway, "tiny-gemma4") for _ in range(50)]
+        while sum(future.done() for future in futures) < 10:
+            time.sleep(0.05)
+        stopped = in_container("rigkit-gw-tls-rig", "systemctl", "stop", unit)
+        answers = [future.result() for future in futures]
+    assert stopped.returncode == 0, stopped.stderr
+    failed = [(answer.status_code, answer.text[:200]) for answer in answers if answer.status_code != 200]
+    assert not failed, failed
+    assert all(answer.json()["choices"][0]["text"] for answer in answers)
+    taken_out = wait_for_status(RIG, "DOWN", 30)
+    assert in_container("rigkit-gw-tls-rig", "systemctl", "start", unit).returncode == 0
+    back = wait_for_status(RIG, "UP", 180)
+    before = int(servers()[("model_tiny-gemma4", RIG)]["stot"])
+    for _ in range(6):
+        assert ask(gateway, "tiny-gemma4").status_code == 200
+    assert int(servers()[("model_tiny-gemma4", RIG)]["stot"]) > before, "the rig did not come back into rotation"
+    print(f"50/50 answered; {RIG} out {taken_out:.1f} s after the stop, back {back:.1f} s after its start")
+
+
+def test_second_converge_changes_nothing(gateway):
+    second = make(GATEWAY, gateway["cache"], "provision-gw-fleet-second")
+    assert second.returncode == 0, second.tail(60)
+    assert recap(second.output)[GATEWAY]["changed"] == 0, second.tail(60)
+
+
+def test_a_rig_the_gateway_cannot_reach_is_refused_before_the_gateway_is_touched(gateway):
+    config = ["stat", "-c", "%Y", "/etc/haproxy/haproxy.cfg"]
+    before = in_container("rigkit-gw-fleet", *config).stdout
+    refused = make(GATEWAY, gateway["cache"], "provision-gw-fleet-refused", "-e fleet_gateway_rigs_share_network=false")
+    assert refused.returncode != 0
+    text = " ".join(refused.output.split())
+    assert "sandbox: llama_server_host is 127.0.0.1 (loopback), which the gateway on gw-fleet cannot reach" in text
+    assert "inventory/host_vars/sandbox.yml" in text
+    assert "Install haproxy" not in refused.output
+    assert in_container("rigkit-gw-fleet", *config).stdout == before
+
+
+def test_a_gateway_running_another_configuration_than_its_file_is_restarted(gateway):
+    """Level-triggered: the file on disk is right, the process runs something else (a reload that failed, a hand
+    edit since undone); the next converge sees it in what HAProxy reports and restarts it."""
+    config = "/etc/haproxy/haproxy.cfg"
+    original = in_container("rigkit-gw-fleet", "cat", config).stdout
+    assert "X-Rigkit-Config" in original
+    edited = "\n".join(
+        line.replace("set-header X-Rigkit-Config ", "set-header X-Rigkit-Config stale")
+        for line in original.splitlines()
+    )
+    subprocess.run(
+        ["docker", "exec", "-i", "rigkit-gw-fleet", "tee", config],
+        input=edited + "\n",
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    assert in_container("rigkit-gw-fleet", "systemctl", "reload", "haproxy").returncode == 0
+    subprocess.run(
+        ["docker", "exec", "-i", "rigkit-gw-fleet", "tee", config],
+        input=original,
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    listed = requests.get(
+        f"{URL}/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"}, verify=gateway["cert"], timeout=30
+    )
+    assert listed.headers["X-Rigkit-Config"].startswith("stale")
+    converge = make(GATEWAY, gateway["cache"], "provision-gw-fleet-restart")
+    assert converge.returncode == 0, converge.tail(60)
+    assert recap(converge.output)[GATEWAY]["changed"] == 1, converge.tail(60)
+    listed = requests.get(
+        f"{URL}/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"}, verify=gateway["cert"], timeout=30
+    )
+    assert not listed.headers["X-Rigkit-Config"].startswith("stale")
