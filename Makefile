@@ -15,7 +15,7 @@ VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan cuda-standin
+.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan cuda-standin observe
 
 help: ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ plan: setup ## a GPU rig's compatibility plan (image CUDA, driver, GPU, module f
 
 status: setup ## one table for the fleet (or host=NAME): GPU, driver, llama.cpp, models, service, drafting [json=1]
 	@$(BIN)/python bin/rigkit status --limit '$(if $(filter command line,$(origin host)),$(host),rigs)' $(if $(filter 1 yes true,$(json)),--json,) $(if $(ARGS),-- $(ARGS),)
+
+observe: setup ## the way into the fleet services: the gateway's URL and a curl that works, Prometheus, ready queries
+	@$(BIN)/python bin/rigkit observe
 
 bench: setup ## measure the drafter on a provisioned rig (off, draft length 1..N): make bench host=NAME
 	@$(BIN)/python bin/rigkit check-host '$(host)'

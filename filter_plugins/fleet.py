@@ -14,7 +14,10 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from rigkit import REPO
 from rigkit.fleet_gateway import models_list, plan
+from rigkit.fleet_monitor import QUERIES, alert_rules, bench_decode_rate, history, lock_labels, prometheus_config
+from rigkit.paths import lock_file
 from rigkit.rig_validate import plain_defaults
 
 ROLES_DIR = str(pathlib.Path(__file__).resolve().parent.parent / "roles")
@@ -29,6 +32,9 @@ RIG_NAMES = (
     "llama_server_parallel",
     "models_target",
     "ansible_host",
+    "llama_server_spec_type",
+    "llama_server_spec_draft_n_max",
+    "rig_expected_min_acceptance",
 )
 
 
@@ -43,17 +49,53 @@ def _rig_values(rig_vars: Mapping[str, Any], defaults: Mapping[str, Any]) -> dic
     return values
 
 
-def fleet_gateway_plan(
-    rigs: list[str], hostvars: Mapping[str, Any], gateway: str, shares_network: Any = False, default_alias: str = ""
-) -> dict[str, Any]:
+def _resolved(rigs: list[str], hostvars: Mapping[str, Any], host: str) -> dict[str, dict[str, Any]]:
     unknown = [rig for rig in rigs if rig not in hostvars]
     if unknown:
         raise AnsibleFilterError(
-            f"fleet_gateway_rigs names {', '.join(unknown)}, not in the inventory: fix it in "
-            f"inventory/host_vars/{gateway}.yml (rigs: {', '.join(sorted(hostvars))})"
+            f"the rigs of {host} name {', '.join(unknown)}, not in the inventory: fix fleet_gateway_rigs or "
+            f"fleet_monitor_rigs in inventory/host_vars/{host}.yml (rigs: {', '.join(sorted(hostvars))})"
         )
     defaults = plain_defaults(ROLES_DIR, "llama_server")
-    values = {rig: _rig_values(hostvars[rig], defaults) for rig in rigs}
+    return {rig: _rig_values(hostvars[rig], defaults) for rig in rigs}
+
+
+def fleet_monitor_plan(
+    rigs: list[str], hostvars: Mapping[str, Any], host: str, shares_network: Any = False
+) -> dict[str, Any]:
+    """The rigs' scrape targets (as the gateway reaches them), their labels from the lock and the facts their
+    alert thresholds come from."""
+    from ansible.module_utils.rig_lock import LockError, read_lock
+
+    values = _resolved(rigs, hostvars, host)
+    planned = plan(
+        values,
+        hostvars[host].get("model_catalog") or {},
+        shares_network=boolean(shares_network, strict=False),
+        gateway=host,
+    )
+    try:
+        lock = read_lock(lock_file())
+    except LockError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+    labels = {
+        rig: lock_labels(rig, lock.get(rig), values[rig].get("llama_server_spec_draft_n_max", "")) for rig in values
+    }
+    thresholds = {
+        rig: {
+            "drafts": str(values[rig].get("llama_server_spec_type", "none")) != "none",
+            "min_acceptance": values[rig].get("rig_expected_min_acceptance"),
+            "bench_tps": bench_decode_rate(REPO / "reports" / "bench", rig),
+        }
+        for rig in values
+    }
+    return {**planned, "labels": labels, "thresholds": thresholds}
+
+
+def fleet_gateway_plan(
+    rigs: list[str], hostvars: Mapping[str, Any], gateway: str, shares_network: Any = False, default_alias: str = ""
+) -> dict[str, Any]:
+    values = _resolved(rigs, hostvars, gateway)
     catalog = hostvars[gateway].get("model_catalog") or {}
     return plan(
         values,
@@ -66,4 +108,13 @@ def fleet_gateway_plan(
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"fleet_gateway_plan": fleet_gateway_plan, "fleet_gateway_models": models_list}
+        return {
+            "fleet_gateway_plan": fleet_gateway_plan,
+            "fleet_gateway_models": models_list,
+            "fleet_monitor_plan": fleet_monitor_plan,
+            "fleet_monitor_prometheus_config": prometheus_config,
+            "fleet_monitor_alert_rules": alert_rules,
+            "fleet_monitor_history": history,
+            "fleet_monitor_queries": lambda names: {name: QUERIES[name] for name in names},
+            "fleet_monitor_flag": lambda item: f"--{item['key']}={item['value']}",
+        }

@@ -26,6 +26,8 @@ COLUMNS = (
     "acceptance",
     "decode t/s",
 )
+# Shown when a fleet host's Prometheus answered (roles/fleet_monitor): the last hour, not the server's lifetime.
+HISTORY_COLUMNS = ("accept 1h", "t/s 1h")
 
 
 def _uptime(seconds: float | None) -> str:
@@ -133,19 +135,31 @@ def row(host: str, status: dict[str, Any]) -> dict[str, Any]:
     return {"cells": cells, "raw": status}
 
 
-def rows(fleet: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    return [row(host, fleet[host]) for host in sorted(fleet)]
+def rows(
+    fleet: dict[str, dict[str, Any]], last_hour: dict[str, dict[str, float]] | None = None
+) -> list[dict[str, Any]]:
+    """The table's rows; with ``last_hour`` ({rig: {acceptance_1h, decode_tps_1h}} from Prometheus), its columns."""
+    table = [row(host, fleet[host]) for host in sorted(fleet)]
+    if last_hour is not None:
+        for entry in table:
+            figures = last_hour.get(entry["cells"]["rig"]) or {}
+            acceptance, rate = figures.get("acceptance_1h"), figures.get("decode_tps_1h")
+            entry["cells"]["accept 1h"] = f"{acceptance:.2f}" if acceptance is not None else "-"
+            entry["cells"]["t/s 1h"] = f"{rate:.1f}" if rate is not None else "-"
+            entry["raw"] = {**entry["raw"], "last_hour": figures}
+    return table
 
 
 def render(table_rows: list[dict[str, Any]], archive_notes: Sequence[str] = ()) -> str:
     """The table and its notes (``archive_notes``: what the Debian archive says of the GPU rigs' pins and next
     kernel, rigkit.cli.plan.archive_notes)."""
     cells = [entry["cells"] for entry in table_rows]
+    columns = COLUMNS + tuple(column for column in HISTORY_COLUMNS if any(column in line for line in cells))
     # what the rigs report (GPU name, versions, errors) is shown with its control characters escaped
-    cells = [{column: printable(line[column]) for column in COLUMNS} for line in cells]
-    widths = {column: max([len(column), *(len(str(line[column])) for line in cells)]) for column in COLUMNS}
-    lines = ["  ".join(column.upper().ljust(widths[column]) for column in COLUMNS).rstrip()]
-    lines += ["  ".join(str(line[column]).ljust(widths[column]) for column in COLUMNS).rstrip() for line in cells]
+    cells = [{column: printable(line.get(column, "")) for column in columns} for line in cells]
+    widths = {column: max([len(column), *(len(str(line[column])) for line in cells)]) for column in columns}
+    lines = ["  ".join(column.upper().ljust(widths[column]) for column in columns).rstrip()]
+    lines += ["  ".join(str(line[column]).ljust(widths[column]) for column in columns).rstrip() for line in cells]
     notes = [
         f"{printable(entry['cells']['rig'])}: {printable(entry['raw']['error'])}"
         for entry in table_rows

@@ -20,6 +20,27 @@ ARTIFACTS = REPO / ".artifacts"
 # The controller's cache, as the kit resolves it.
 CACHE_DIR = cache_dir()
 
+# Below the kernel's ephemeral range (32768-60999 by default): a port picked there can be taken, between the pick and
+# the bind, as the local end of any outgoing connection on the machine, which the suite makes many of.
+_LISTENER_PORTS = (20000, 32000)
+
+
+def free_port(*addresses: str) -> int:
+    """A port no socket holds on any of ``addresses`` (default 127.0.0.1), outside the ephemeral range."""
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.randint(*_LISTENER_PORTS)  # noqa: S311 - a port number, not a secret
+        try:
+            for address in addresses or ("127.0.0.1",):
+                with socket.socket() as sock:
+                    sock.bind((address, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free port in {_LISTENER_PORTS} on {addresses}")
+
 
 def role_defaults(role: str) -> dict:
     """A role's defaults, the source of truth tests compare against instead of re-typing pins."""

@@ -26,6 +26,7 @@ rigkit discover NAME ADDRESS [--user USER] [--force] [--vram MIB] [--max-ctx N]
 rigkit plan --host RIG   the rig's driver / CUDA / GPU / kernel compatibility plan (no rig contacted)
 rigkit proof NAME | --list | --check
                          run a heavy proof and write its receipt (reports/proofs/), or check every receipt
+rigkit observe           the fleet services' way in: the gateway's URL and a curl that works, Prometheus, queries
 rigkit cuda-standin [--base-image IMAGE]
                          build the stand-in CUDA base images from NVIDIA's PyPI wheels (docker/cuda-standin)
 """
@@ -35,14 +36,14 @@ from __future__ import annotations
 import argparse
 
 from rigkit import mirror_daemon
-from rigkit.cli import bench, cuda_standin, discover, fleet, inventory, pin, plan, proof
+from rigkit.cli import bench, cuda_standin, discover, fleet, inventory, observe, pin, plan, proof
 from rigkit.sandbox import hub
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rigkit", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (inventory, pin, mirror_daemon, hub, bench, fleet, discover, plan, proof, cuda_standin):
+    for module in (inventory, pin, mirror_daemon, hub, bench, fleet, discover, plan, proof, cuda_standin, observe):
         module.register(commands)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -22,7 +22,17 @@ def status(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="rigkit-status-") as scratch:
         output = pathlib.Path(scratch) / "status.json"
         log = pathlib.Path(scratch) / "status.log"
-        argv = playbook_argv("status.yml", args.limit, "-e", f"rig_status_output={output}", *args.ansible_args)
+        history_file = pathlib.Path(scratch) / "history.json"
+        # the fleet_services hosts too: where one runs Prometheus, the rigs' last hour comes from it
+        argv = playbook_argv(
+            "status.yml",
+            f"{args.limit}:fleet_services",
+            "-e",
+            f"rig_status_output={output}",
+            "-e",
+            f"rig_status_history={history_file}",
+            *args.ansible_args,
+        )
         with log.open("w") as handle:
             done = subprocess.run(argv, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, check=False)
         if not output.exists():
@@ -30,7 +40,8 @@ def status(args: argparse.Namespace) -> int:
             print(f"rigkit status: the status play failed (exit {done.returncode}); its log is above", file=sys.stderr)
             return done.returncode or 1
         fleet = json.loads(output.read_text())
-    table = rows(fleet)
+        last_hour = json.loads(history_file.read_text()) if history_file.exists() else None
+    table = rows(fleet, last_hour)
     if args.json:
         print(json.dumps({entry["cells"]["rig"]: entry["raw"] for entry in table}, indent=2, sort_keys=True))
     else:

@@ -4,6 +4,7 @@ the private directory make's locks live in."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from typing import Any
@@ -23,6 +24,14 @@ def known_rigs(pattern: str = "rigs") -> list[str]:
 KNOWN_GROUPS = ("rigs", "gpu_rigs", "sandbox_rigs", "fleet_services")
 
 
+@functools.cache
+def _load_plugins() -> None:
+    """Ansible's plugins, once per process: lookups (env, password...) in the variables need them."""
+    from ansible.plugins.loader import init_plugin_loader
+
+    init_plugin_loader()
+
+
 def host_values(host: str, names: tuple[str, ...]) -> dict[str, Any]:
     """These variables of ``host`` as Ansible gives them (templated); absent ones are left out. LookupError
     for a host the inventory does not have."""
@@ -31,6 +40,7 @@ def host_values(host: str, names: tuple[str, ...]) -> dict[str, Any]:
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
+    _load_plugins()
     loader = DataLoader()
     inventory = InventoryManager(loader=loader, sources=inventory_sources())
     found = inventory.get_host(host)

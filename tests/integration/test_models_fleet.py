@@ -21,7 +21,7 @@ import yaml
 from ansible.module_utils.model_catalog import rig_model_path
 
 from rigkit.paths import cached_model_path
-from tests.support import REPO, Run, recap, run
+from tests.support import REPO, Run, free_port, recap, run
 
 FLEET = ("fleet1", "fleet2", "fleet3")
 INVENTORY = ["-i", "inventory/hosts.yml", "-i", "tests/integration/inventories/fleet/hosts.yml"]
@@ -36,12 +36,6 @@ RIG_MODELS = {
     ].items()
 }
 USED = sorted({name for names in RIG_MODELS.values() for name in names})
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def url_path(name: str) -> str:

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,16 +21,11 @@ import yaml
 from ansible.module_utils.model_catalog import rig_model_path
 
 from rigkit.model_mirror import ModelMirror
+from tests.support import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
 TARGET, DRAFTER = "tiny-gemma4-target", "tiny-gemma4-assistant"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def this_machines_addresses() -> set[str]:
@@ -83,7 +77,7 @@ def play(
     extra = {
         "models_upstream_base_url": upstream.url,
         "models_upstream_allow_insecure_http": True,
-        "models_mirror_port": free_port(),
+        "models_mirror_port": free_port(*sorted(set(addresses.values()))),
     }
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "RIGKIT_CACHE_DIR": str(cache)}
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(REPO / "inventory/hosts.yml")]

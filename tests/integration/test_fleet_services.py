@@ -1,6 +1,10 @@
-"""The fleet gateway (roles/fleet_gateway, HAProxy from Debian) in front of real sandbox rigs: `make provision` of a
-gateway host (container rigkit-gw-fleet, tests/integration/inventories/gateway) fronting the kit's two sandboxes
-and gw-tls-rig, a second tiny-gemma4 rig that serves TLS with its own API key.
+"""The fleet services over real sandbox rigs: `make provision` of a fleet host (container rigkit-gw-fleet,
+tests/integration/inventories/gateway) running the gateway (roles/fleet_gateway, HAProxy from Debian) and the
+monitor (roles/fleet_monitor, Prometheus and Alertmanager from Debian) over the kit's two sandboxes and gw-tls-rig,
+a second tiny-gemma4 rig that serves TLS with its own API key.
+
+Prometheus scrapes each rig's llama-server with the labels of its lock entry; LlamaServerDown fires within its
+window when gw-tls-rig's server stops, reaches Alertmanager, and clears when the server is back.
 
 Through the gateway, verified against its own certificate and with the client key: each alias completes, on the
 rigs that serve it; /v1/models lists the aliases; no key is 401, an unknown model 404, an oversized body 413.
@@ -37,6 +41,8 @@ URL = f"https://127.0.0.1:{GATEWAY_SETTINGS['fleet_gateway_port']}"
 STATS = f"http://127.0.0.1:{GATEWAY_SETTINGS['fleet_gateway_stats_port']}/stats;csv"
 CLIENT_KEY = GATEWAY_SETTINGS["fleet_gateway_api_key"]
 CONTAINERS = ("rigkit-gw-fleet", "rigkit-gw-tls-rig")
+PROMETHEUS = f"http://127.0.0.1:{GATEWAY_SETTINGS['fleet_monitor_prometheus_port']}"
+ALERTMANAGER = f"http://127.0.0.1:{GATEWAY_SETTINGS['fleet_monitor_alertmanager_port']}"
 
 
 def remove_containers() -> None:
@@ -227,3 +233,71 @@ def test_a_gateway_running_another_configuration_than_its_file_is_restarted(gate
         f"{URL}/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"}, verify=gateway["cert"], timeout=30
     )
     assert not listed.headers["X-Rigkit-Config"].startswith("stale")
+
+
+def query(expression: str) -> list[dict]:
+    answer = requests.get(f"{PROMETHEUS}/api/v1/query", params={"query": expression}, timeout=10).json()
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def firing(rig: str) -> bool:
+    alerts = requests.get(f"{PROMETHEUS}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+    return any(
+        a["labels"].get("alertname") == "LlamaServerDown" and a["labels"].get("rig") == rig and a["state"] == "firing"
+        for a in alerts
+    )
+
+
+def wait_until(predicate, timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def test_prometheus_scrapes_every_rig_with_the_labels_of_its_lock_entry(gateway):
+    from ansible.module_utils.rig_lock import read_lock
+
+    ask(gateway, "tiny-gemma4")
+    rigs = {"sandbox", "sandbox-mtp", RIG}
+    wait_until(
+        lambda: {r["metric"]["rig"] for r in query('up{service="llama-server"} == 1')} == rigs,
+        60,
+        "every rig's server scraped and up",
+    )
+    series = {r["metric"]["rig"]: r["metric"] for r in query("llamacpp:tokens_predicted_total")}
+    assert set(series) == rigs
+    entry = read_lock(str(gateway["cache"] / "rigs.lock.json"))[RIG]
+    labels = series[RIG]
+    assert labels["target_sha256"] == entry["models"]["target"]["sha256"][:12]
+    assert labels["drafter_sha256"] == entry["models"]["drafter"]["sha256"][:12]
+    assert labels["llamacpp_commit"] == entry["image"]["llamacpp_commit"][:12]
+    assert labels["draft_n_max"] == str(RIG_SETTINGS["llama_server_spec_draft_n_max"])
+    accepted = query(f'llamacpp:spec_decode_num_accepted_tokens_total{{rig="{RIG}"}}')
+    assert accepted and float(accepted[0]["value"][1]) > 0, "the TLS rig's drafting counters, read with its key"
+
+
+def test_an_alert_fires_when_a_server_stops_reaches_alertmanager_and_clears_when_it_is_back(gateway):
+    unit = "rigkit-llama-main.service"
+    assert not firing(RIG)
+    assert in_container("rigkit-gw-tls-rig", "systemctl", "stop", unit).returncode == 0
+    try:
+        fired = wait_until(lambda: firing(RIG), GATEWAY_SETTINGS["fleet_monitor_down_for"] + 60, "LlamaServerDown")
+        delivered = wait_until(
+            lambda: any(
+                a["labels"].get("rig") == RIG and a["labels"]["alertname"] == "LlamaServerDown"
+                for a in requests.get(f"{ALERTMANAGER}/api/v2/alerts", timeout=10).json()
+            ),
+            60,
+            "the alert in Alertmanager",
+        )
+    finally:
+        assert in_container("rigkit-gw-tls-rig", "systemctl", "start", unit).returncode == 0
+    cleared = wait_until(lambda: not firing(RIG), 240, "LlamaServerDown cleared")
+    print(
+        f"LlamaServerDown fired {fired:.0f} s after the stop (for: {GATEWAY_SETTINGS['fleet_monitor_down_for']} s), "
+        f"in Alertmanager {delivered:.0f} s later, cleared {cleared:.0f} s after the start"
+    )

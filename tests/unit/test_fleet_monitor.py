@@ -1,0 +1,220 @@
+"""rigkit/fleet_monitor.py: the Prometheus configuration and alert rules the fleet monitor deploys, checked and
+unit-tested by the pinned Prometheus's own promtool (`promtool check config`, `promtool test rules`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rigkit.fleet_monitor import alert_rules, bench_decode_rate, lock_labels, prometheus_config
+from rigkit.promtool import promtool
+from tests.support import CACHE_DIR
+
+UPSTREAMS = [
+    {
+        "rig": "desktop3050",
+        "address": "192.168.1.20",
+        "port": 8080,
+        "tls": True,
+        "verify_name": "desktop3050",
+        "api_key": "k" * 32,
+    },
+    {"rig": "sandbox", "address": "127.0.0.1", "port": 18080, "tls": False, "verify_name": "", "api_key": ""},
+]
+LOCK = {
+    "gpu": {"name": "NVIDIA GeForce RTX 3050"},
+    "image": {"llamacpp_commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"},
+    "models": {
+        "target": {"sha256": "419db9a6bf3bc15d770c85ccf9216827aa88c64fe8f3d72fbe5674f48efe2dc8"},
+        "drafter": {"sha256": "d5130b29dc92253d758cfe7708e6648af88c6a342bf1e2e353b2be81f603a777"},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def tool() -> Path:
+    return promtool(CACHE_DIR)
+
+
+def test_every_series_of_a_rig_carries_what_its_lock_says_it_runs():
+    assert lock_labels("desktop3050", LOCK, 3) == {
+        "rig": "desktop3050",
+        "gpu": "NVIDIA GeForce RTX 3050",
+        "target_sha256": "419db9a6bf3b",
+        "drafter_sha256": "d5130b29dc92",
+        "llamacpp_commit": "0c1e57098bba",
+        "draft_n_max": "3",
+    }
+    assert lock_labels("new-rig", None, 2)["target_sha256"] == ""
+
+
+def test_the_generated_configuration_passes_promtool(tool: Path, tmp_path: Path):
+    labels = {"desktop3050": lock_labels("desktop3050", LOCK, 3), "sandbox": lock_labels("sandbox", None, 4)}
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(alert_rules({}, down_for_s=60, window_s=600, decode_fraction=0.5)))
+    for name in ("desktop3050.crt", "desktop3050"):
+        (tmp_path / name).write_text("placeholder\n")
+    config = prometheus_config(
+        UPSTREAMS,
+        labels,
+        interval_s=15,
+        alertmanager="127.0.0.1:9093",
+        rules_file=str(rules),
+        certs_dir=str(tmp_path),
+        keys_dir=str(tmp_path),
+        gateway_metrics="127.0.0.1:8404",
+        config_id="abc",
+    )
+    desktop = config["scrape_configs"][0]
+    assert desktop["scheme"] == "https" and desktop["tls_config"] == {
+        "ca_file": f"{tmp_path}/desktop3050.crt",
+        "server_name": "desktop3050",
+    }
+    assert desktop["authorization"] == {"type": "Bearer", "credentials_file": f"{tmp_path}/desktop3050"}
+    assert "k" * 32 not in json.dumps(config)  # the key is named by file, never held
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    checked = subprocess.run([str(tool), "check", "config", str(path)], capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _expected(rules: dict, name: str, labels: dict[str, str], rig: str) -> dict:
+    rule = next(
+        rule for rule in rules["groups"][0]["rules"] if rule["alert"] == name and rule["labels"].get("rig", rig) == rig
+    )
+    annotations = {
+        key: value.replace("{{ $labels.rig }}", rig).replace("{{ $labels.instance }}", labels.get("instance", ""))
+        for key, value in rule["annotations"].items()
+    }
+    return {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": annotations}
+
+
+def test_the_alert_rules_fire_when_they_should_and_only_then(tool: Path, tmp_path: Path):
+    """promtool test rules on synthetic series: a server that stops answering, a drafter whose acceptance drops
+    below the rig's own threshold, a rig decoding at a fifth of its bench; and a healthy rig that raises nothing."""
+    rigs = {
+        "desktop3050": {"drafts": True, "min_acceptance": 0.6, "bench_tps": 50.0},
+        "sandbox": {"drafts": True, "min_acceptance": 0.9, "bench_tps": None},
+    }
+    rules = alert_rules(rigs, down_for_s=60, window_s=300, decode_fraction=0.5)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    down = {"service": "llama-server", "rig": "desktop3050", "instance": "192.168.1.20:8080", "job": "j"}
+    series = 'rig="desktop3050",service="llama-server",instance="192.168.1.20:8080",job="j"'
+    healthy = 'rig="sandbox",service="llama-server",instance="127.0.0.1:18080",job="k"'
+    tests = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    # answers for 2 minutes, then not
+                    {"series": f"up{{{series}}}", "values": "1x8 0x20"},
+                    {"series": f"up{{{healthy}}}", "values": "1x28"},
+                    # desktop3050 accepts 5 of 10 drafted per step (0.5 < 0.6); sandbox 9.5 of 10 (0.95 >= 0.9)
+                    {"series": f"llamacpp:spec_decode_num_draft_tokens_total{{{series}}}", "values": "0+10x28"},
+                    {"series": f"llamacpp:spec_decode_num_accepted_tokens_total{{{series}}}", "values": "0+5x28"},
+                    {"series": f"llamacpp:spec_decode_num_draft_tokens_total{{{healthy}}}", "values": "0+20x28"},
+                    {"series": f"llamacpp:spec_decode_num_accepted_tokens_total{{{healthy}}}", "values": "0+19x28"},
+                    # desktop3050 decodes 100 tokens in 10 s per step: 10 tok/s, a fifth of its bench's 50
+                    {"series": f"llamacpp:tokens_predicted_total{{{series}}}", "values": "0+100x28"},
+                    {"series": f"llamacpp:tokens_predicted_seconds_total{{{series}}}", "values": "0+10x28"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "1m", "alertname": "LlamaServerDown", "exp_alerts": []},
+                    {
+                        "eval_time": "5m",
+                        "alertname": "LlamaServerDown",
+                        "exp_alerts": [_expected(rules, "LlamaServerDown", down, "desktop3050")],
+                    },
+                    {
+                        "eval_time": "6m",
+                        "alertname": "DraftAcceptanceLow",
+                        "exp_alerts": [_expected(rules, "DraftAcceptanceLow", {}, "desktop3050")],
+                    },
+                    {
+                        "eval_time": "6m",
+                        "alertname": "DecodeRateLow",
+                        "exp_alerts": [_expected(rules, "DecodeRateLow", {}, "desktop3050")],
+                    },
+                ],
+            }
+        ],
+    }
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests))
+    tested = subprocess.run(
+        [str(tool), "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_the_decode_rate_threshold_comes_from_the_rigs_latest_bench(tmp_path: Path):
+    assert bench_decode_rate(tmp_path, "desktop3050") is None
+    from pathlib import Path as _Path
+
+    reports = _Path(__file__).resolve().parents[2] / "reports" / "bench"
+    rig = "gpu-tiny-mtp"
+    rate = bench_decode_rate(reports, rig)
+    assert rate is not None and rate > 0
+
+
+def test_the_status_tables_last_hour_comes_from_prometheus_answers():
+    from rigkit.fleet_monitor import QUERIES, history
+    from rigkit.fleet_status import render, rows
+
+    answers = [
+        {
+            "item": {"key": "acceptance_1h", "value": QUERIES["acceptance_1h"]},
+            "status": 200,
+            "json": {
+                "data": {
+                    "result": [
+                        {"metric": {"rig": "sandbox-mtp"}, "value": [1, "0.875"]},
+                        {"metric": {"rig": "sandbox"}, "value": [1, "NaN"]},
+                    ]
+                }
+            },
+        },
+        {"item": {"key": "decode_tps_1h", "value": QUERIES["decode_tps_1h"]}, "failed": True},
+    ]
+    last_hour = history(answers)
+    assert last_hour == {"sandbox-mtp": {"acceptance_1h": 0.875}}
+    fleet = {"sandbox-mtp": {"reachable": False}, "sandbox": {"reachable": False}}
+    table = render(rows(fleet, last_hour))
+    assert "ACCEPT 1H" in table and "0.88" in table
+    assert "ACCEPT 1H" not in render(rows(fleet))  # no Prometheus answered: no such column
+
+
+def test_observe_prints_a_curl_that_reads_the_sandbox_key_and_the_ready_queries():
+    from rigkit.cli.observe import describe
+    from rigkit.fleet_monitor import QUERIES
+
+    lines = "\n".join(
+        describe(
+            "fleet",
+            {
+                "ansible_connection": "community.docker.docker",
+                "ansible_host": "rigkit-fleet",
+                "fleet_gateway_port": 18443,
+                "fleet_sandbox_key_file": "/k/key",
+            },
+        )
+    )
+    assert "docker exec rigkit-fleet cat /etc/haproxy/rigkit/gateway.pem > fleet-gateway.pem" in lines
+    assert 'Authorization: Bearer $(cat /k/key)" https://127.0.0.1:18443/v1/models' in lines
+    assert all(query in lines for query in QUERIES.values())
+    remote = "\n".join(describe("nas", {"ansible_host": "nas.lan", "fleet_gateway_bind": "0.0.0.0"}))
+    assert "ssh nas.lan sudo cat" in remote and "$FLEET_KEY" in remote and "https://nas.lan:8443" in remote
+
+
+def test_observe_names_the_certificate_the_gateway_role_writes():
+    from rigkit.cli.observe import GATEWAY_CERT
+
+    names = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles/fleet_gateway/vars/main.yml").read_text())
+    assert names["__fleet_gateway_cert_path"].replace("{{ __fleet_gateway_dir }}", names["__fleet_gateway_dir"]) == (
+        GATEWAY_CERT
+    )
