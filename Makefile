@@ -96,7 +96,7 @@ cuda-standin: harness ## build the stand-in CUDA base images from NVIDIA's PyPI 
 test: setup ## run every test (unit, then the container integration tests)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-lint: setup ## ansible-lint (production), yamllint, ruff, playbook syntax check
+lint: setup ## ansible-lint (production), yamllint, ruff, playbook syntax check, promtool on the fleet monitor's config and rules
 	$(BIN)/ansible-lint
 	$(BIN)/yamllint --strict .
 	$(BIN)/ruff check .
@@ -105,6 +105,8 @@ lint: setup ## ansible-lint (production), yamllint, ruff, playbook syntax check
 	@# every module's and plugin's documentation must render (ansible-doc exits non-zero on a broken one)
 	$(BIN)/ansible-doc -M library $(basename $(notdir $(wildcard library/*.py))) > /dev/null
 	$(BIN)/ansible-doc -t callback rigkit rigkit_results rigkit_preload > /dev/null
+	@# the fleet monitor's generated configuration and alert rules through the pinned Prometheus's promtool
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_fleet_monitor.py
 
 gpu-bundle: setup ## .device/ for tests/gpu/run.sh on a GPU machine: verified llama.cpp source, wheels, models
 	$(BIN)/python tests/gpu/make_bundle.py bundle
