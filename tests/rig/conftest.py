@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.module_utils.net_address import is_loopback
+from ansible.module_utils.net_address import serves_tls
+from ansible.module_utils.server_paths import tls_cert_path
 
 from tests.support import REPO, plain
 
@@ -59,11 +60,9 @@ class Rig:
         self.container = f"rigkit-llama-{instance}"
         bind = self.settings["llama_server_host"]
         self.address = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
-        loopback = is_loopback(bind)
-        tls = str(self.settings.get("llama_server_tls", "auto")).lower()
-        self.tls = tls in ("true", "yes", "on") or (tls == "auto" and not loopback)
+        self.tls = serves_tls(self.settings.get("llama_server_tls", "auto"), bind)
         # With TLS the client on the rig verifies the server against the rig's own certificate.
-        self.ca_file = f"/etc/rigkit/tls/{instance}/server.crt" if self.tls else ""
+        self.ca_file = tls_cert_path(instance) if self.tls else ""
         scheme = "https" if self.tls else "http"
         host_part = f"[{self.address}]" if ":" in self.address and not self.address.startswith("[") else self.address
         self.url = f"{scheme}://{host_part}:{self.settings['llama_server_port']}"
