@@ -14,7 +14,7 @@ import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansibl
 from ansible.module_utils.net_address import is_loopback, serves_tls
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset
 from ansible.module_utils.preflight_memory import BUDGET_VARIABLE, memory_budget_mib, memory_headroom_mib
-from ansible.module_utils.server_paths import tls_cert_path, tls_dir, tls_key_path
+from ansible.module_utils.server_paths import container_name, tls_cert_path, tls_dir, tls_key_path, unit_name, unit_path
 
 
 def _nft_allowlist(networks: Any, instance: str, port: Any) -> str:
@@ -78,6 +78,9 @@ class FilterModule:
             "rigkit_is_loopback": is_loopback,
             "rigkit_serves_tls": serves_tls,
             "rigkit_server_tls_dir": tls_dir,
+            "rigkit_server_container": container_name,
+            "rigkit_server_unit": unit_name,
+            "rigkit_server_unit_path": unit_path,
             "rigkit_server_tls_cert_path": tls_cert_path,
             "rigkit_server_tls_key_path": tls_key_path,
         }

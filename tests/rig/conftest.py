@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.net_address import serves_tls
-from ansible.module_utils.server_paths import tls_cert_path
+from ansible.module_utils.server_paths import container_name, tls_cert_path, unit_name
 
 from tests.support import REPO, plain
 
@@ -56,8 +56,8 @@ class Rig:
         }
         self.hostvars = hostvars
         instance = self.settings["llama_server_instance"]
-        self.unit = f"rigkit-llama-{instance}.service"
-        self.container = f"rigkit-llama-{instance}"
+        self.unit = unit_name(instance)
+        self.container = container_name(instance)
         bind = self.settings["llama_server_host"]
         self.address = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
         self.tls = serves_tls(self.settings.get("llama_server_tls", "auto"), bind)
