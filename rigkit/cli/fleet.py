@@ -12,6 +12,12 @@ from rigkit import REPO
 from rigkit.playbook_run import playbook_argv, run_with_results
 
 
+def with_fleet_services(limit: str) -> str:
+    """``limit`` and the fleet_services hosts, in Ansible's pattern syntax: a pattern with a comma is split on
+    commas only, one without on colons."""
+    return f"{limit},fleet_services" if "," in limit else f"{limit}:fleet_services"
+
+
 def status(args: argparse.Namespace) -> int:
     """Run playbooks/status.yml quietly (its log kept for a failure), then print the fleet's table."""
     import tempfile
@@ -26,7 +32,7 @@ def status(args: argparse.Namespace) -> int:
         # the fleet_services hosts too: where one runs Prometheus, the rigs' last hour comes from it
         argv = playbook_argv(
             "status.yml",
-            f"{args.limit}:fleet_services",
+            with_fleet_services(args.limit),
             "-e",
             f"rig_status_output={output}",
             "-e",

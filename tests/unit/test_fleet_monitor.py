@@ -218,3 +218,21 @@ def test_observe_names_the_certificate_the_gateway_role_writes():
     assert names["__fleet_gateway_cert_path"].replace("{{ __fleet_gateway_dir }}", names["__fleet_gateway_dir"]) == (
         GATEWAY_CERT
     )
+
+
+@pytest.mark.parametrize(
+    ("limit", "pattern"),
+    [
+        ("rigs", "rigs:fleet_services"),
+        ("sandbox", "sandbox:fleet_services"),
+        ("sandbox,sandbox-mtp,sandbox-3", "sandbox,sandbox-mtp,sandbox-3,fleet_services"),
+        ("rigs:!sandbox", "rigs:!sandbox:fleet_services"),
+    ],
+)
+def test_status_asks_the_fleet_hosts_too_in_ansibles_pattern_syntax(limit, pattern):
+    from ansible.inventory.manager import split_host_pattern
+
+    from rigkit.cli.fleet import with_fleet_services
+
+    assert with_fleet_services(limit) == pattern
+    assert split_host_pattern(pattern) == [*split_host_pattern(limit), "fleet_services"]
