@@ -1,8 +1,9 @@
-"""Jinja filters for the fleet services (logic in rigkit/fleet_gateway.py): what the gateway fronts.
+"""Jinja filters for the fleet services (logic in rigkit/fleet_gateway.py and rigkit/fleet_monitor.py).
 
 ``fleet_gateway_rigs | fleet_gateway_plan(hostvars, gateway_host, shares_network)`` resolves each rig's server
 settings (its variables over the llama_server role's defaults) and returns the upstreams, the aliases and the
-problems; the fleet play refuses the problems before the gateway host is touched.
+problems; ``fleet_monitor_plan`` the same upstreams for Prometheus, with each rig's labels from the lock and its
+alert thresholds. The roles refuse the problems before the fleet host is touched.
 """
 
 from __future__ import annotations
@@ -49,31 +50,46 @@ def _rig_values(rig_vars: Mapping[str, Any], defaults: Mapping[str, Any]) -> dic
     return values
 
 
-def _resolved(rigs: list[str], hostvars: Mapping[str, Any], host: str) -> dict[str, dict[str, Any]]:
+def _resolved(rigs: list[str], hostvars: Mapping[str, Any], host: str, rigs_variable: str) -> dict[str, dict[str, Any]]:
     unknown = [rig for rig in rigs if rig not in hostvars]
     if unknown:
         raise AnsibleFilterError(
-            f"the rigs of {host} name {', '.join(unknown)}, not in the inventory: fix fleet_gateway_rigs or "
-            f"fleet_monitor_rigs in inventory/host_vars/{host}.yml (rigs: {', '.join(sorted(hostvars))})"
+            f"{rigs_variable} names {', '.join(unknown)}, not in the inventory: fix it in "
+            f"inventory/host_vars/{host}.yml (rigs: {', '.join(sorted(hostvars))})"
         )
     defaults = plain_defaults(ROLES_DIR, "llama_server")
     return {rig: _rig_values(hostvars[rig], defaults) for rig in rigs}
 
 
-def fleet_monitor_plan(
-    rigs: list[str], hostvars: Mapping[str, Any], host: str, shares_network: Any = False
+def _plan(
+    values: dict[str, dict[str, Any]], hostvars: Mapping[str, Any], host: str, shares_network: Any, **wording: str
 ) -> dict[str, Any]:
-    """The rigs' scrape targets (as the gateway reaches them), their labels from the lock and the facts their
-    alert thresholds come from."""
-    from ansible.module_utils.rig_lock import LockError, read_lock
-
-    values = _resolved(rigs, hostvars, host)
-    planned = plan(
+    return plan(
         values,
         hostvars[host].get("model_catalog") or {},
         shares_network=boolean(shares_network, strict=False),
         gateway=host,
+        **wording,
     )
+
+
+def fleet_gateway_plan(
+    rigs: list[str], hostvars: Mapping[str, Any], gateway: str, shares_network: Any = False, default_alias: str = ""
+) -> dict[str, Any]:
+    """What the gateway on host ``gateway`` reaches of each rig of fleet_gateway_rigs (rigkit.fleet_gateway)."""
+    values = _resolved(rigs, hostvars, gateway, "fleet_gateway_rigs")
+    return _plan(values, hostvars, gateway, shares_network, default_alias=default_alias)
+
+
+def fleet_monitor_plan(
+    rigs: list[str], hostvars: Mapping[str, Any], host: str, shares_network: Any = False
+) -> dict[str, Any]:
+    """The rigs' scrape targets (reached as the gateway reaches them), their labels from the lock and the facts
+    their alert thresholds come from."""
+    from ansible.module_utils.rig_lock import LockError, read_lock
+
+    values = _resolved(rigs, hostvars, host, "fleet_monitor_rigs")
+    planned = _plan(values, hostvars, host, shares_network, service="Prometheus", rigs_variable="fleet_monitor_rigs")
     try:
         lock = read_lock(lock_file())
     except LockError as exc:
@@ -90,20 +106,6 @@ def fleet_monitor_plan(
         for rig in values
     }
     return {**planned, "labels": labels, "thresholds": thresholds}
-
-
-def fleet_gateway_plan(
-    rigs: list[str], hostvars: Mapping[str, Any], gateway: str, shares_network: Any = False, default_alias: str = ""
-) -> dict[str, Any]:
-    values = _resolved(rigs, hostvars, gateway)
-    catalog = hostvars[gateway].get("model_catalog") or {}
-    return plan(
-        values,
-        catalog,
-        shares_network=boolean(shares_network, strict=False),
-        gateway=gateway,
-        default_alias=default_alias,
-    )
 
 
 class FilterModule:

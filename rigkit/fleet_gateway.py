@@ -79,9 +79,17 @@ def _is_ip(text: str) -> bool:
 
 
 def upstream(
-    rig: str, values: Mapping[str, Any], catalog: Mapping[str, Any], *, shares_network: bool, gateway: str
+    rig: str,
+    values: Mapping[str, Any],
+    catalog: Mapping[str, Any],
+    *,
+    shares_network: bool,
+    gateway: str,
+    service: str = "the gateway",
+    rigs_variable: str = "fleet_gateway_rigs",
 ) -> tuple[Upstream | None, list[str]]:
-    """The rig's upstream, or the reasons the gateway cannot use it (each naming the variable and the file)."""
+    """The rig's upstream, or the reasons ``service`` on host ``gateway`` cannot use it (each naming the variable
+    and the file; ``rigs_variable``: the list of rigs to leave it out of)."""
     rig_file = f"inventory/host_vars/{rig}.yml"
     bind = str(values.get("llama_server_host") or "127.0.0.1")
     address = _address(rig, values)
@@ -90,18 +98,19 @@ def upstream(
     problems: list[str] = []
     if is_loopback(address) and not shares_network:
         problems.append(
-            f"{rig}: llama_server_host is {bind} (loopback), which the gateway on {gateway} cannot reach: serve on "
-            f"an address the gateway reaches (llama_server_host, with llama_server_api_key from Vault) in "
-            f"{rig_file}, or leave {rig} out of fleet_gateway_rigs in inventory/host_vars/{gateway}.yml"
+            f"{rig}: llama_server_host is {bind} (loopback), which {service} on {gateway} cannot reach: serve on "
+            f"an address {service} reaches (llama_server_host, with llama_server_api_key from Vault) in "
+            f"{rig_file}, or leave {rig} out of {rigs_variable} in inventory/host_vars/{gateway}.yml"
         )
     if not is_loopback(address) and not tls:
         problems.append(
             f"{rig}: its server speaks plain HTTP on {address} (llama_server_tls: {values.get('llama_server_tls')}), "
-            f"so the gateway would send prompts and its key in clear: set llama_server_tls to auto in {rig_file}"
+            f"so {service} would send its key (and any prompt) across the network in clear: set llama_server_tls to "
+            f"auto in {rig_file}"
         )
     if api_key and not API_KEY.fullmatch(api_key):
         problems.append(
-            f"{rig}: llama_server_api_key must be 16 to 256 printable characters without spaces (the gateway "
+            f"{rig}: llama_server_api_key must be 16 to 256 printable characters without spaces ({service} "
             f"sends it in an Authorization header): set another one in Vault for {rig_file}"
         )
     target = str(values.get("models_target") or "")
@@ -144,18 +153,28 @@ def plan(
     shares_network: bool,
     gateway: str,
     default_alias: str = "",
+    service: str = "the gateway",
+    rigs_variable: str = "fleet_gateway_rigs",
 ) -> dict[str, Any]:
-    """{"upstreams": [...], "aliases": [...], "default_alias": str, "problems": [...]} for the gateway on
-    ``gateway`` in front of ``rigs`` ({inventory name: its resolved variables})."""
+    """{"upstreams": [...], "aliases": [...], "default_alias": str, "problems": [...]} for ``service`` on host
+    ``gateway`` in front of ``rigs`` ({inventory name: its resolved variables}, listed by ``rigs_variable``)."""
     upstreams: list[Upstream] = []
     problems: list[str] = []
     if not rigs:
         problems.append(
-            f"fleet_gateway_rigs is empty: list the rigs the gateway on {gateway} fronts in "
+            f"{rigs_variable} is empty: list the rigs {service} on {gateway} serves in "
             f"inventory/host_vars/{gateway}.yml"
         )
     for rig in sorted(rigs):
-        found, refused = upstream(rig, rigs[rig], catalog, shares_network=shares_network, gateway=gateway)
+        found, refused = upstream(
+            rig,
+            rigs[rig],
+            catalog,
+            shares_network=shares_network,
+            gateway=gateway,
+            service=service,
+            rigs_variable=rigs_variable,
+        )
         problems += refused
         if found is not None:
             upstreams.append(found)

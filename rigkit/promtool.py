@@ -10,15 +10,13 @@ from pathlib import Path
 import yaml
 
 from rigkit import REPO
+from rigkit.rig_facts import parse_os_release
 
 VERSIONS = REPO / "roles" / "fleet_monitor" / "vars" / "Debian.yml"
 
 
 def codename() -> str:
-    for line in Path("/etc/os-release").read_text(encoding="utf-8").splitlines():
-        if line.startswith("VERSION_CODENAME="):
-            return line.split("=", 1)[1].strip().strip('"')
-    return ""
+    return parse_os_release(Path("/etc/os-release").read_text(encoding="utf-8")).get("VERSION_CODENAME", "")
 
 
 def promtool(cache: Path) -> Path:

@@ -9,6 +9,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rigkit.paths import cache_dir, image_lock
@@ -23,6 +24,17 @@ CACHE_DIR = cache_dir()
 # Below the kernel's ephemeral range (32768-60999 by default): a port picked there can be taken, between the pick and
 # the bind, as the local end of any outgoing connection on the machine, which the suite makes many of.
 _LISTENER_PORTS = (20000, 32000)
+
+
+def own_cache(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A controller cache of a test's own (its own mirror pidfile, run directory and lock: the kit's sandboxes may
+    converge meanwhile) that shares the machine cache's assembled fixtures, so the ~250 MB Gemma 3 270M the stand-in
+    hub lays out is not fetched from PyPI again."""
+    cache = tmp_path_factory.mktemp(name)
+    shared = CACHE_DIR / "fixtures"
+    if shared.is_dir():
+        (cache / "fixtures").symlink_to(shared)
+    return cache
 
 
 def free_port(*addresses: str) -> int:

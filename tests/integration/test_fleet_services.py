@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ import pytest
 import requests
 import yaml
 
-from tests.support import REPO, recap, run, wait_for_image_build
+from tests.support import REPO, own_cache, recap, run, wait_for_image_build
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/gateway"
 INVENTORY = f"{REPO / 'inventory/hosts.yml'},{INVENTORY_DIR}"
@@ -92,10 +91,7 @@ def ask(gateway: dict, model: str | None, key: str | None = CLIENT_KEY, **body: 
 def gateway(sandbox_provisioned, mtp_provisioned, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     wait_for_image_build()
     remove_containers()
-    cache = tmp_path_factory.mktemp("gateway-cache")
-    shared = Path(os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit") / "fixtures"
-    if shared.is_dir():
-        (cache / "fixtures").symlink_to(shared)
+    cache = own_cache(tmp_path_factory, "gateway-cache")
     rig = make(RIG, cache, "provision-gw-tls-rig")
     assert rig.returncode == 0, rig.tail(120)
     started = time.monotonic()

@@ -10,7 +10,6 @@ changes nothing (the certificate is kept).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import pytest
 import yaml
 from ansible.module_utils.llama_server_api import Endpoint, ServerApiError, complete, health
 
-from tests.support import REPO, exec_start_argv, recap, rig_suite, run, wait_for_image_build
+from tests.support import REPO, exec_start_argv, own_cache, recap, rig_suite, run, wait_for_image_build
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/tls"
 INVENTORY = f"{REPO / 'inventory/hosts.yml'},{INVENTORY_DIR}"
@@ -60,12 +59,7 @@ def make(target: str, *extra: str, cache: Path, log: str) -> object:
 def tls_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     wait_for_image_build()
     remove_rig()
-    cache = tmp_path_factory.mktemp("tls-cache")
-    # The assembled Gemma 3 270M the stand-in hub lays out lives in the machine's cache: reuse it, do not fetch
-    # its ~250 MB from PyPI again for this cache.
-    shared = Path(os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit") / "fixtures"
-    if shared.is_dir():
-        (cache / "fixtures").symlink_to(shared)
+    cache = own_cache(tmp_path_factory, "tls-cache")
     started = time.monotonic()
     first = make("provision", cache=cache, log="provision-tls-first")
     assert first.returncode == 0, first.tail(120)
