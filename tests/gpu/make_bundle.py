@@ -4,6 +4,7 @@
     .venv/bin/python tests/gpu/make_bundle.py prove [--build] # shows the trimmed tree configures (and builds)
     python3 tests/gpu/make_bundle.py verify --dest DIR        # on the device: unpack and check every file
     python3 tests/gpu/make_bundle.py flags [--cuda-arch 90]   # docker/Dockerfile's cmake flags, one per line
+    .venv/bin/python tests/gpu/make_bundle.py image --image TAG  # the kit's CUDA image's llama-server, for the device
 
 The only offline copy of llama.cpp at the pinned commit is PyPI's llama-cpp-python 0.3.36 sdist (76 MB, its
 vendor/llama.cpp is commit 0c1e57098, b11312). ``bundle`` checks the sdist's sha256 against the pin in
@@ -11,6 +12,10 @@ inventory/group_vars/sandbox_rigs.yml, then writes vendor/llama.cpp without what
 reads (EXCLUDED) as a reproducible .device/llama.cpp-src.tar.gz, and a manifest with the sha256 of every kept file
 as it was in the verified sdist. ``verify`` (standard library only: it runs on the device) re-checks the tarball,
 the file set and every file's hash before anything is built.
+
+``image`` copies the llama-server binary and BUILD_INFO out of an image the llamacpp_image role built with CUDA
+(docker/Dockerfile on the stand-in CUDA base here), gzipped, with its sha256 and the image's id, so that the device
+can run what the rigs' image runs on a real GPU.
 
 ``flags`` reads the cmake flags from docker/Dockerfile's build stage, so the device builds exactly what the rigs'
 image builds (only the CUDA architecture differs).
@@ -142,7 +147,7 @@ def pins() -> dict[str, Any]:
 
 def default_sdist() -> Path:
     cache = Path(os.environ.get("RIGKIT_CACHE_DIR", "/var/cache/rigkit"))
-    return cache / "pypi" / SDIST_NAME
+    return cache / "llamacpp" / SDIST_NAME  # where roles/llamacpp_image keeps it
 
 
 # ---------------------------------------------------------------------------------------------- cmake flags
@@ -349,6 +354,45 @@ def cmd_flags(args: argparse.Namespace) -> int:
     return 0
 
 
+IMAGE_DIR = "image"
+IMAGE_BINARY = "/app/llama-server"
+IMAGE_BUILD_INFO = "/app/BUILD_INFO"
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    """The image's llama-server (gzipped) and BUILD_INFO under BUNDLE/image/, described by image.json."""
+    out = Path(args.bundle_dir) / IMAGE_DIR
+    try:
+        image_id = _docker("image", "inspect", "--format", "{{.Id}}", args.image)
+    except subprocess.CalledProcessError as exc:
+        raise BundleError(f"no image {args.image} here ({exc.stderr.strip()}): build it with make image") from exc
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    container = _docker("create", args.image)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            _docker("cp", f"{container}:{IMAGE_BINARY}", f"{tmp}/llama-server")
+            _docker("cp", f"{container}:{IMAGE_BUILD_INFO}", str(out / "BUILD_INFO"))
+            binary = Path(tmp, "llama-server")
+            digest, size = sha256_file(binary), binary.stat().st_size
+            with binary.open("rb") as src, gzip.GzipFile(out / "llama-server.gz", "wb", mtime=0) as dst:
+                shutil.copyfileobj(src, dst, CHUNK)
+    finally:
+        _docker("rm", container)
+    build_info = dict(line.split("=", 1) for line in (out / "BUILD_INFO").read_text().splitlines() if "=" in line)
+    if build_info.get("GGML_CUDA") != "ON":
+        raise BundleError(f"{args.image} is not a CUDA build (BUILD_INFO: GGML_CUDA={build_info.get('GGML_CUDA')})")
+    summary = {"image": args.image, "image_id": image_id, "binary_sha256": digest, "binary_bytes": size,
+               "build_info": build_info, "gz_bytes": (out / "llama-server.gz").stat().st_size}  # fmt: skip
+    (out / "image.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- prove
 def _run(argv: list[str], log: Path, **kwargs: Any) -> tuple[int, float]:
     started = time.monotonic()
@@ -546,6 +590,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bundle-dir", default=str(DEVICE_DIR))
     p.add_argument("--cuda-arch", help="CMAKE_CUDA_ARCHITECTURES (e.g. 90); omitted: the CPU build's flags")
     p.set_defaults(func=cmd_flags)
+    p = sub.add_parser("image", help="the llama-server of a CUDA image the kit built, for the device to run")
+    p.add_argument("--bundle-dir", default=str(DEVICE_DIR))
+    p.add_argument("--image", required=True, help="e.g. rigkit/llama-server:b11312-0c1e570-cuda-sm86-667068a2a8ac")
+    p.set_defaults(func=cmd_image)
     p = sub.add_parser("prove", help="configure the full and the trimmed tree (and build the trimmed one)")
     p.add_argument("--bundle-dir", default=str(DEVICE_DIR))
     p.add_argument("--sdist", default=str(default_sdist()))

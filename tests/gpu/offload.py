@@ -26,6 +26,7 @@ from tests.gpu.local_server import LocalLlamaServer, ServerStartError, api, free
 from tests.gpu.smoke import DRAFTER, MIB, PROMPT, TARGET, preflight_estimate
 
 gpu_offload = kit_module_utils("gpu_offload")
+gpu_metrics = kit_module_utils("gpu_metrics")
 
 COMPUTE_APPS = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
 
@@ -57,6 +58,9 @@ def main() -> int:
     parser.add_argument("--hide-gpu", action="store_true", help="start the server with CUDA_VISIBLE_DEVICES= (empty)")
     parser.add_argument("--budget-mib", type=float, default=0, help="the GPU's memory for the estimate (0: RAM)")
     parser.add_argument("--ready-timeout", type=float, default=120)
+    parser.add_argument(
+        "--gpu-metrics-out", type=Path, help="also write the GPU textfile (module_utils/gpu_metrics) while serving"
+    )
     args = parser.parse_args()
 
     env = dict(os.environ)
@@ -85,6 +89,8 @@ def main() -> int:
             report["canary_draft_n"] = canary.draft_n
             apps = compute_apps()
             report["compute_apps"] = apps
+            if args.gpu_metrics_out:
+                args.gpu_metrics_out.write_text(gpu_metrics.collect("nvidia-smi", gpu_metrics.DEFAULT_GUARD_STATE))
             log = server.log_text()
     except (ServerStartError, api.ServerApiError) as exc:
         report["error"] = str(exc)[-3000:]

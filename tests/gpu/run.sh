@@ -26,18 +26,21 @@ BUILD_JOBS=${BUILD_JOBS:-$(nproc)}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-390}
 GENERATOR=${GENERATOR:-Ninja}
 LLAMA_SERVER_BIN=${LLAMA_SERVER_BIN:-}
+BUILD=${BUILD:-1}
 GPU=${GPU:-auto}
 EXPECT_GPU_NAME=${EXPECT_GPU_NAME:-NVIDIA H200}
 EXPECT_VRAM_MIB=${EXPECT_VRAM_MIB:-143771}
 EXPECT_CC=${EXPECT_CC:-9.0}
 EXPECT_DRIVER=${EXPECT_DRIVER:-}
-export REPO OUT WORK DEVICE_DIR PYTHON CUDA_ARCH BUILD_JOBS BUILD_TIMEOUT GENERATOR LLAMA_SERVER_BIN
+export REPO OUT WORK DEVICE_DIR PYTHON CUDA_ARCH BUILD_JOBS BUILD_TIMEOUT GENERATOR LLAMA_SERVER_BIN BUILD
 export EXPECT_GPU_NAME EXPECT_VRAM_MIB EXPECT_CC EXPECT_DRIVER
 export PYTHONUNBUFFERED=1 LC_ALL=C.UTF-8 LANG=C.UTF-8
+# the kit's filter plugins and test helpers import rigkit (the virtualenv's .pth does this on the controller)
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 mkdir -p "$OUT" "$WORK"
-rm -rf "$WORK/steps" "$WORK/ansible" "$WORK/llama-server" "$WORK/server-bin" "$WORK/runtime.env" "$WORK/gpu.env"
-rm -f "$OUT"/{run,ansible,testinfra,build,server,server-offload-gpu,server-offload-cpu}.log "$OUT/gpu-report.json"
+rm -rf "$WORK/steps" "$WORK/ansible" "$WORK/llama-server" "$WORK/server-bin" "$WORK/runtime.env" "$WORK/gpu.env" "$WORK/image.env" "$WORK/image-llama-server"
+rm -f "$OUT"/{run,ansible,testinfra,build,server,server-offload-gpu,server-offload-cpu,server-image-offload}.log "$OUT/gpu-report.json" "$OUT"/*.prom "$OUT/nvidia-smi-query.txt" "$OUT"/*.tar.gz
 mkdir -p "$WORK/steps"
 exec > >(tee -a "$OUT/run.log") 2>&1
 TEE_PID=$!
@@ -230,8 +233,8 @@ s_ansible_verify() {
   ansible_setup
   local rc=0
   run_playbook "verify, rig_gpu = this GPU (must pass)" || rc=$?
-  detail "$(grep -E '"msg"|msg:' "$STEP_DIR/out.txt" | tail -2 | xargs)"
-  detail "$(grep -E 'ok=[0-9]+' "$STEP_DIR/out.txt" | xargs)"
+  detail "$(grep -E '"msg"|msg:' "$STEP_DIR/out.txt" | tail -2 | tr -s ' \n' ' ')"
+  detail "$(grep -E 'ok=[0-9]+' "$STEP_DIR/out.txt" | tr -s ' \n' ' ')"
   [ "$rc" -eq 0 ] || { detail "ansible-playbook failed (rc $rc): see ansible.log"; return 1; }
 }
 
@@ -242,7 +245,7 @@ s_ansible_mismatch() {
     "$EXPECT_GPU_NAME" "$EXPECT_VRAM_MIB")
   run_playbook "verify, rig_gpu.compute_capability 8.6 (must fail)" -e "$override" || rc=$?
   local msg
-  msg=$(grep -E 'nvidia-smi reports' "$STEP_DIR/out.txt" | head -1 | xargs || true)
+  msg=$(tr -s ' \n' ' ' <"$STEP_DIR/out.txt" | grep -oE 'nvidia-smi reports.{0,400}' | head -1 || true)
   detail "ansible-playbook rc $rc; message: $msg"
   [ "$rc" -ne 0 ] || { detail "the play passed although rig_gpu says sm 8.6"; return 1; }
   if ! { echo "$msg" | grep -q "sm $GPU_CC" && echo "$msg" | grep -q "sm 8.6"; }; then
@@ -291,6 +294,96 @@ EOF
   return "$rc"
 }
 
+# ------------------------------------------------------------------------------------------------ GPU metrics
+# The rigs' GPU textfile collector (module_utils/gpu_metrics.py, run as the rigs' timer runs it) on this GPU, and
+# nvidia-smi's own answers it is built on: the rows for both reason prefixes and the error for an unknown field.
+s_gpu_metrics() {
+  [ "$GPU" = 1 ] || skip "no GPU (nvidia-smi absent or not answering)"
+  local fields rc=0 prefix
+  {
+    for prefix in EVENT_REASONS_PREFIX THROTTLE_REASONS_PREFIX; do
+      fields=$("$PYTHON" -c 'import sys; sys.path.insert(0, sys.argv[1]); import gpu_metrics as g
+print(",".join(g.query_fields(getattr(g, sys.argv[2]))))' "$REPO/module_utils" "$prefix")
+      echo "# nvidia-smi --query-gpu=$fields --format=csv,noheader,nounits"
+      nvidia-smi --query-gpu="$fields" --format=csv,noheader,nounits 2>&1 || echo "# rc $?"
+    done
+    echo "# nvidia-smi --query-gpu=index,no.such.field --format=csv,noheader,nounits"
+    nvidia-smi --query-gpu=index,no.such.field --format=csv,noheader,nounits 2>&1 || echo "# rc $?"
+    echo "# nvidia-smi --help-query-gpu | grep -E 'clocks_(event|throttle)_reasons'"
+    nvidia-smi --help-query-gpu 2>&1 | grep -E 'clocks_(event|throttle)_reasons' || true
+  } >"$OUT/nvidia-smi-query.txt"
+  "$PYTHON" "$REPO/module_utils/gpu_metrics.py" --output "$OUT/gpu-metrics-idle.prom" \
+    --guard-state "$WORK/no-guard-state" || rc=$?
+  [ "$rc" -eq 0 ] || { detail "gpu_metrics.py failed (rc $rc)"; return 1; }
+  "$PYTHON" - "$OUT/gpu-metrics-idle.prom" "$EXPECT_VRAM_MIB" >"$STEP_DIR/data.json" <<'EOF'
+import json, sys
+samples = {}
+for line in open(sys.argv[1]):
+    if line.startswith("#") or not line.strip():
+        continue
+    series, value = line.rsplit(" ", 1)
+    samples[series] = float(value)
+def first(metric):
+    return next((v for s, v in samples.items() if s.split("{")[0] == metric), None)
+data = {"samples": len(samples), "success": first("rigkit_gpu_collector_success"),
+        "temperature_celsius": first("rigkit_gpu_temperature_celsius"),
+        "power_draw_watts": first("rigkit_gpu_power_draw_watts"),
+        "memory_total_mib": (first("rigkit_gpu_memory_total_bytes") or 0) / 2**20,
+        "slowdown_series": sorted(s for s in samples if s.startswith("rigkit_gpu_clock_slowdown"))}
+data["ok"] = (data["success"] == 1 and data["temperature_celsius"] is not None
+              and data["memory_total_mib"] == float(sys.argv[2]) and len(data["slowdown_series"]) == 5)
+print(json.dumps(data, indent=1))
+sys.exit(0 if data["ok"] else 1)
+EOF
+  detail "$(tr -d '\n' <"$STEP_DIR/data.json" | cut -c1-400)"
+}
+
+# ------------------------------------------------------------------------------------------------ the image's binary
+# The llama-server of the kit's own CUDA image (docker/Dockerfile on the stand-in CUDA base; `make_bundle.py
+# image`): the bytes the rigs' containers run, here on a real GPU with this machine's CUDA libraries. It must find
+# the GPU (--list-devices: CUDA0) and, started as the rigs start it, hold both models on it (the offload check).
+image_env() {
+  # shellcheck disable=SC1091
+  [ ! -f "$WORK/image.env" ] || source "$WORK/image.env"
+}
+s_image_binary() {
+  [ "$GPU" = 1 ] || skip "no GPU"
+  [ -f "$DEVICE_DIR/image/image.json" ] || skip "no $DEVICE_DIR/image (make_bundle.py image --image TAG)"
+  local bin="$WORK/image-llama-server" want got ld
+  gzip -dc "$DEVICE_DIR/image/llama-server.gz" >"$bin"
+  chmod 0755 "$bin"
+  want=$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["binary_sha256"])' "$DEVICE_DIR/image/image.json")
+  got=$(sha256sum "$bin" | cut -d' ' -f1)
+  [ "$want" = "$got" ] || { detail "sha256 $got, image.json says $want"; return 1; }
+  detail "$(tr '\n' ' ' <"$DEVICE_DIR/image/BUILD_INFO")"
+  ld=$("$PYTHON" -c 'import json,sys; print(":".join(json.load(open(sys.argv[1])).get("ld_library_path", [])))' \
+    "$WORK/steps/cuda-env/data.json")
+  echo "export LD_LIBRARY_PATH=\"$ld\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\"" >"$WORK/image.env"
+  image_env
+  ldd "$bin" >"$STEP_DIR/ldd.txt" 2>&1 || true
+  detail "libraries: $(grep -oE '(libcuda|libcudart|libcublas|libcublasLt)[^ ]* => [^ ]+' "$STEP_DIR/ldd.txt" | tr '\n' ' ')"
+  if grep -q "not found" "$STEP_DIR/ldd.txt"; then detail "missing: $(grep 'not found' "$STEP_DIR/ldd.txt" | xargs)"; return 1; fi
+  got=$("$bin" --version 2>&1 | tr '\n' ' ')
+  detail "--version: $got"
+  echo "$got" | grep -q "build $BUILD_NUMBER, commit $SHORT_COMMIT" || { detail "not build $BUILD_NUMBER, commit $SHORT_COMMIT"; return 1; }
+  timeout 120 "$bin" --list-devices >"$STEP_DIR/list-devices.txt" 2>&1 || true
+  detail "--list-devices: $(tr '\n' ' ' <"$STEP_DIR/list-devices.txt" | cut -c1-600)"
+  grep -q "CUDA0" "$STEP_DIR/list-devices.txt" || { detail "no CUDA0 in --list-devices"; return 1; }
+  grep -q "$EXPECT_GPU_NAME" "$STEP_DIR/list-devices.txt" || { detail "CUDA0 is not $EXPECT_GPU_NAME"; return 1; }
+}
+s_image_offload() {
+  image_env
+  # shellcheck disable=SC1091
+  source "$WORK/gpu.env"
+  local rc=0 args=(--binary "$WORK/image-llama-server" --models "$DEVICE_DIR/models"
+    --log "$OUT/server-image-offload.log" --out "$STEP_DIR/data.json" --expect on-gpu
+    --ready-timeout "${IMAGE_READY_TIMEOUT:-240}" --budget-mib "$GPU_MEM")
+  "$PYTHON" "$REPO/tests/gpu/offload.py" "${args[@]}" >"$STEP_DIR/out.txt" 2>&1 || rc=$?
+  sed 's/^/    /' "$STEP_DIR/out.txt"
+  detail "$(tail -1 "$STEP_DIR/out.txt")"
+  return "$rc"
+}
+
 # ------------------------------------------------------------------------------------------------ build
 s_bundle_verify() {
   "$PYTHON" "$REPO/tests/gpu/make_bundle.py" verify --bundle-dir "$DEVICE_DIR" --dest "$WORK/src" \
@@ -309,6 +402,7 @@ s_cuda_env() {
 
 s_build() {
   [ -z "$LLAMA_SERVER_BIN" ] || skip "LLAMA_SERVER_BIN given: $LLAMA_SERVER_BIN"
+  [ "$BUILD" = 1 ] || skip "BUILD=$BUILD: no build (the image's binary is still checked)"
   local src="$WORK/src/llama.cpp" build="$WORK/build" flags=() extra=() t0 t1 t2 rc=0 left
   if [ "$GPU" = 1 ]; then
     mapfile -t flags < <("$PYTHON" "$REPO/tests/gpu/make_bundle.py" flags --bundle-dir "$DEVICE_DIR" --cuda-arch "$CUDA_ARCH")
@@ -368,6 +462,11 @@ s_binary() {
     bin=$LLAMA_SERVER_BIN
   elif [ "$(status_of build)" = pass ]; then
     bin="$WORK/llama-server"
+  elif [ "$BUILD" != 1 ] && [ "$(status_of image-binary)" = pass ]; then
+    bin="$WORK/image-llama-server" # BUILD=0: the smoke test and the offload checks run the image's binary
+    cp "$WORK/image.env" "$WORK/runtime.env"
+  elif [ "$BUILD" != 1 ]; then
+    skip "BUILD=$BUILD, no LLAMA_SERVER_BIN and no image binary: nothing to smoke-test"
   else
     detail "no binary: build $(status_of build) and no LLAMA_SERVER_BIN"
     return 1
@@ -421,6 +520,7 @@ offload_check() { # MODE: gpu | cpu
   else
     args+=(--expect refused --hide-gpu)
   fi
+  [ "$GPU" != 1 ] || args+=(--gpu-metrics-out "$OUT/gpu-metrics-serving-$mode.prom")
   rm -f "$OUT/server-offload-$mode.log"
   "$PYTHON" "$REPO/tests/gpu/offload.py" "${args[@]}" >"$STEP_DIR/out.txt" 2>&1 || rc=$?
   sed 's/^/    /' "$STEP_DIR/out.txt"
@@ -434,6 +534,15 @@ s_offload_gpu() {
 s_offload_cpu() { offload_check cpu; }
 
 # ------------------------------------------------------------------------------------------------ report
+# The device tool brings back at most eight files: the servers' logs and the GPU samples travel as two tarballs.
+pack_outputs() {
+  local logs=() samples=() f
+  for f in "$OUT"/server*.log; do [ -f "$f" ] && logs+=("$(basename "$f")"); done
+  for f in "$OUT"/*.prom "$OUT/nvidia-smi-query.txt"; do [ -f "$f" ] && samples+=("$(basename "$f")"); done
+  if [ ${#logs[@]} -gt 0 ]; then tar -C "$OUT" -czf "$OUT/server-logs.tar.gz" "${logs[@]}" && (cd "$OUT" && rm -f "${logs[@]}"); fi
+  if [ ${#samples[@]} -gt 0 ]; then tar -C "$OUT" -czf "$OUT/gpu-metrics.tar.gz" "${samples[@]}" && (cd "$OUT" && rm -f "${samples[@]}"); fi
+}
+
 # $OUT/gpu-report.json is rewritten after every step, so a run stopped from outside still leaves one.
 write_report() { # [1: the final one: prints the summary, exits 1 when a step failed]
   REPORT_FINAL=${1:-0} "$PYTHON" - "${STEPS[@]}" <<'EOF'
@@ -501,16 +610,22 @@ elif [ "$GPU" = 1 ]; then
 else
   step_bg build "bundle-verify" s_build
 fi
+step gpu-metrics "" s_gpu_metrics
+step image-binary "cuda-env" s_image_binary
 step wheels "" s_wheels
 if [ -d "$WORK/site" ] && [ "$(status_of wheels)" = pass ]; then
   export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# the image's binary serves while the build compiles (its sm 86 kernels are JIT-compiled for this GPU from PTX)
+step_bg image-offload "image-binary wheels" s_image_offload
 step ansible-verify "gpu-facts wheels" s_ansible_verify
 step ansible-verify-mismatch "gpu-facts wheels" s_ansible_mismatch
 step testinfra "gpu-facts wheels" s_testinfra
 [ -z "${BG_PIDS[build]:-}" ] || { echo "=== waiting for the build"; join_step build; }
+[ -z "${BG_PIDS[image-offload]:-}" ] || { echo "=== waiting for the image's server"; join_step image-offload; }
 step binary "" s_binary
 step smoke "binary" s_smoke
 step offload-gpu "binary" s_offload_gpu
 step offload-cpu "binary" s_offload_cpu
+pack_outputs
 write_report 1

@@ -1,5 +1,5 @@
 """module_utils/gpu_offload.py: the verdict the rollout, the rig suite and tests/gpu give on "is the server on the
-GPU?". Accepted: the real lines of the recorded H200 CUDA run (reports/gpu/h200-20261129T1929Z.json). Refused: the
+GPU?". Accepted: the real lines of the recorded H200 CUDA runs (reports/gpu/). Refused: the
 lines llama.cpp prints at the pinned tree (0c1e57098) when CUDA finds no device or fails, a real CPU server's whole log
 (tests/fixtures/gpu_offload/), and the recorded run with too few layers, no CUDA buffers or too little GPU memory."""
 
@@ -139,6 +139,32 @@ def test_the_real_log_of_a_cpu_server_is_refused():
     assert "warning: no usable GPU found, --gpu-layers option will be ignored" in verdict.message
     assert "llamacpp_image_cuda" in verdict.message
     assert verdict.target.buffers == {"CPU_Mapped": 0.58} and verdict.drafter.buffers == {"CPU_Mapped": 0.13}
+    assert verdict.causes == [NO_DEVICE, TARGET_LAYERS, DRAFTER_LAYERS, NO_CUDA_BUFFERS, NO_CUDA_BUFFERS, GPU_MEMORY]
+
+
+# The GPU run of 2026-12-04 (reports/gpu/h200-20261204T1830Z-image.json): the llama-server of the kit's CUDA image
+# (docker/Dockerfile, sm 86, stand-in CUDA 13.0.2) on the H200, started by tests/gpu/offload.py as the rigs start it,
+# as is and with CUDA_VISIBLE_DEVICES= . Both whole logs, with the pid and nvidia-smi's compute apps of each run.
+IMAGE_RUN = json.loads((REPO / "reports/gpu/h200-20261204T1830Z-image.json").read_text())["data"]
+
+
+def test_the_whole_log_of_the_images_server_on_the_h200_is_accepted():
+    run = IMAGE_RUN["offload-gpu"]
+    log = (DATA / "h200-image-sm86-tiny-gemma4-mtp.log").read_text()
+    verdict = check(log, compute_apps=run["compute_apps"], pid=run["pid"], expected_mib=H200_EXPECTED_MIB)
+    assert verdict.on_gpu, verdict.message
+    assert verdict.target.offloaded == (5, 5) and verdict.drafter.offloaded == (3, 3)
+    assert verdict.gpu_memory_mib == 686
+    assert "CUDA : ARCHS = 860" in log  # the image's sm 86 build, its kernels JIT-compiled for sm 90
+
+
+def test_the_whole_log_of_the_same_server_with_the_gpu_hidden_is_refused():
+    """CUDA_VISIBLE_DEVICES= : a CUDA build that finds no device serves on the CPU; the check names the cause."""
+    run = IMAGE_RUN["offload-cpu"]
+    log = (DATA / "h200-image-sm86-cuda-hidden.log").read_text()
+    assert "failed to initialize CUDA: no CUDA-capable device is detected" in log
+    verdict = check(log, compute_apps=run["compute_apps"], pid=run["pid"], expected_mib=H200_EXPECTED_MIB)
+    assert not verdict.on_gpu and verdict.cause == NO_DEVICE
     assert verdict.causes == [NO_DEVICE, TARGET_LAYERS, DRAFTER_LAYERS, NO_CUDA_BUFFERS, NO_CUDA_BUFFERS, GPU_MEMORY]
 
 
