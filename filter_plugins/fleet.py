@@ -17,12 +17,20 @@ from ansible.module_utils.parsing.convert_bool import boolean
 
 from rigkit import REPO
 from rigkit.fleet_gateway import models_list, plan
-from rigkit.fleet_monitor import QUERIES, alert_rules, bench_decode_rate, history, lock_labels, prometheus_config
+from rigkit.fleet_monitor import (
+    QUERIES,
+    alert_rules,
+    bench_decode_rate,
+    history,
+    lock_labels,
+    node_target,
+    prometheus_config,
+)
 from rigkit.paths import lock_file
 from rigkit.rig_validate import plain_defaults
 
 ROLES_DIR = str(pathlib.Path(__file__).resolve().parent.parent / "roles")
-# What the plan reads of a rig: its server's bind, TLS, key and slots, its target, its address.
+# What the plan reads of a rig: its server's bind, TLS, key and slots, its target, its address, its node exporter.
 RIG_NAMES = (
     "llama_server_instance",
     "llama_server_host",
@@ -36,6 +44,9 @@ RIG_NAMES = (
     "llama_server_spec_type",
     "llama_server_spec_draft_n_max",
     "rig_expected_min_acceptance",
+    "rig_kind",
+    "node_exporter_host",
+    "node_exporter_port",
 )
 
 
@@ -57,7 +68,7 @@ def _resolved(rigs: list[str], hostvars: Mapping[str, Any], host: str, rigs_vari
             f"{rigs_variable} names {', '.join(unknown)}, not in the inventory: fix it in "
             f"inventory/host_vars/{host}.yml (rigs: {', '.join(sorted(hostvars))})"
         )
-    defaults = plain_defaults(ROLES_DIR, "llama_server")
+    defaults = {**plain_defaults(ROLES_DIR, "llama_server"), **plain_defaults(ROLES_DIR, "node_exporter")}
     return {rig: _rig_values(hostvars[rig], defaults) for rig in rigs}
 
 
@@ -90,6 +101,13 @@ def fleet_monitor_plan(
 
     values = _resolved(rigs, hostvars, host, "fleet_monitor_rigs")
     planned = _plan(values, hostvars, host, shares_network, service="Prometheus", rigs_variable="fleet_monitor_rigs")
+    # A node exporter Prometheus cannot reach leaves that rig's server scraped and its node facts out, said aloud.
+    nodes, unscraped = [], []
+    for rig in sorted(values):
+        node, why = node_target(rig, values[rig], shares_network=boolean(shares_network, strict=False), host=host)
+        unscraped += why
+        if node is not None:
+            nodes.append(node)
     try:
         lock = read_lock(lock_file())
     except LockError as exc:
@@ -102,10 +120,11 @@ def fleet_monitor_plan(
             "drafts": str(values[rig].get("llama_server_spec_type", "none")) != "none",
             "min_acceptance": values[rig].get("rig_expected_min_acceptance"),
             "bench_tps": bench_decode_rate(REPO / "reports" / "bench", rig),
+            "gpu": values[rig].get("rig_kind") == "gpu",
         }
         for rig in values
     }
-    return {**planned, "labels": labels, "thresholds": thresholds}
+    return {**planned, "nodes": nodes, "unscraped_nodes": unscraped, "labels": labels, "thresholds": thresholds}
 
 
 class FilterModule:

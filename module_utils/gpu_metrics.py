@@ -1,10 +1,10 @@
 """A rig's GPU facts for the node exporter's textfile collector (stdlib only; also the script a rig's timer runs).
 
 ``nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits`` gives one CSV row per GPU; each field becomes a
-gauge with the GPU's index, UUID and name as labels. A field the GPU does not have (``[N/A]``, ``[Not Supported]``:
-ECC and fan on most GeForce cards) is left out, never written as 0. The clock event ("throttle") reasons become one
-gauge per reason. Drivers before the rename call them ``clocks_throttle_reasons.*``: when nvidia-smi rejects the
-``clocks_event_reasons`` names, the query is asked again with the old ones.
+gauge labelled with the GPU's ``index``, ``uuid`` and ``name``. A field the GPU does not have (``[N/A]``,
+``[Not Supported]``: ECC and fan on most GeForce cards) is left out, never written as 0. The clock event
+("throttle") reasons become one gauge per reason. Drivers before the rename call them ``clocks_throttle_reasons.*``:
+when nvidia-smi rejects the ``clocks_event_reasons`` names, the query is asked again with the old ones.
 
 Beside the GPU, what the NVIDIA driver role's boot guard last decided (its state file: is there a kernel, newer
 than the running one, that would boot without the NVIDIA module) and the loaded module's version, so that an alert
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,8 +33,6 @@ MHZ = 1_000_000
 IDENTITY_FIELDS = ("index", "uuid", "name", "pci.bus_id", "driver_version")
 EVENT_REASONS_PREFIX = "clocks_event_reasons"
 THROTTLE_REASONS_PREFIX = "clocks_throttle_reasons"
-# nvidia-smi's words for a value the GPU cannot give
-MISSING_VALUES = frozenset({"[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", ""})
 DEFAULT_OUTPUT = "/var/lib/prometheus/node-exporter/rigkit_gpu.prom"
 DEFAULT_GUARD_STATE = "/var/lib/rigkit/nvidia-kernel-guard"
 MODULE_VERSION_FILE = "/sys/module/nvidia/version"
@@ -114,17 +113,19 @@ class QueryError(Exception):
     """nvidia-smi did not answer with rows: the message says what it said."""
 
 
+# ASCII digits only: float() and str.isdigit() also take other scripts' digits.
+NUMBER_RE = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+PSTATE_RE = re.compile(r"P([0-9]{1,2})")
+
+
 def _number(text: str) -> float | None:
-    if text in MISSING_VALUES:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
+    """A field's value, or None for what nvidia-smi says the GPU cannot give ("[N/A]"...) or any other text."""
+    return float(text) if NUMBER_RE.fullmatch(text) else None
 
 
 def _pstate(text: str) -> int | None:
-    return int(text[1:]) if text.startswith("P") and text[1:].isdigit() else None
+    match = PSTATE_RE.fullmatch(text)
+    return int(match.group(1)) if match else None
 
 
 def parse_rows(text: str, reasons_prefix: str = EVENT_REASONS_PREFIX) -> list[GpuSample]:
@@ -245,7 +246,8 @@ def render(
     if error:
         out.add("rigkit_gpu_collector_error", "Why nvidia-smi gave no sample.", 1, {"message": error[:300]})
     for sample in samples or ():
-        gpu = {"gpu": sample.index, "uuid": sample.uuid, "name": sample.name}
+        # not "gpu": the fleet monitor labels every series of a rig with its GPU's name from the lock
+        gpu = {"index": sample.index, "uuid": sample.uuid, "name": sample.name}
         out.add("rigkit_gpu_info", "The GPU's identity and driver.", 1,
                 {**gpu, "pci_bus_id": sample.pci_bus_id, "driver_version": sample.driver_version})  # fmt: skip
         if sample.pstate is not None:

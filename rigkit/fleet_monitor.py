@@ -1,7 +1,9 @@
 """What the fleet monitor (roles/fleet_monitor, Prometheus and Alertmanager) scrapes and alerts on, computed on the
-controller: one scrape job per rig's llama-server (reached as the gateway reaches it, rigkit/fleet_gateway.py), each
-series labelled from the lock (what the rig runs: GPU, model sha256s, llama.cpp commit) and the rig's draft length,
-and alert rules with each rig's own thresholds (its expected draft acceptance, its latest bench's decode rate).
+controller: one scrape job per rig's llama-server (reached as the gateway reaches it, rigkit/fleet_gateway.py) and
+one per rig's node exporter (roles/node_exporter, with the GPU facts of module_utils/gpu_metrics.py), each series
+labelled from the lock (what the rig runs: GPU, model sha256s, llama.cpp commit) and the rig's draft length, and
+alert rules with each rig's own thresholds (its expected draft acceptance, its latest bench's decode rate) and the
+GPU's (temperature, slowdowns, a model that left the GPU, a kernel that would boot without the NVIDIA module).
 """
 
 from __future__ import annotations
@@ -9,6 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
+
+# isort: split
+from ansible.module_utils.net_address import is_loopback
 
 from rigkit.bench_report import summarise
 from rigkit.bench_tune import ReportError, current_setting, latest_report, load_report
@@ -19,13 +26,43 @@ ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 DRAFTED = "llamacpp:spec_decode_num_draft_tokens_total"
 PREDICTED = "llamacpp:tokens_predicted_total"
 PREDICTED_SECONDS = "llamacpp:tokens_predicted_seconds_total"
+# The slowdown reasons that mean trouble (module_utils/gpu_metrics.py's names); a power cap under load is normal.
+TROUBLE_SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+# A GPU sample older than this is stale (the collector's timer stopped).
+GPU_SAMPLE_MAX_AGE_S = 120
 
 # Ready queries over the last hour, per rig: `make observe` prints them, `make status` shows their values.
 QUERIES = {
     "acceptance_1h": f"sum by (rig) (increase({ACCEPTED}[1h])) / sum by (rig) (increase({DRAFTED}[1h]))",
     "decode_tps_1h": f"sum by (rig) (increase({PREDICTED}[1h])) / sum by (rig) (increase({PREDICTED_SECONDS}[1h]))",
     "server_up": 'up{service="llama-server"}',
+    "gpu_temperature": "max by (rig) (rigkit_gpu_temperature_celsius)",
 }
+
+
+def node_target(
+    rig: str, values: Mapping[str, Any], *, shares_network: bool, host: str
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """Where Prometheus on ``host`` scrapes the rig's node exporter (roles/node_exporter, on loopback), or why it
+    cannot (the monitor then scrapes that rig's server only, and says so)."""
+    bind = str(values.get("node_exporter_host") or "127.0.0.1")
+    rig_file = f"inventory/host_vars/{rig}.yml"
+    if not is_loopback(bind):
+        return None, [
+            f"{rig}: node_exporter_host is {bind}: the node exporter stays on loopback; set 127.0.0.1 in {rig_file}"
+        ]
+    if not shares_network:
+        return None, [
+            f"{rig}: its node exporter listens on loopback ({bind}), which Prometheus on {host} cannot reach, so its "
+            f"node and GPU facts are not scraped (its server is): the node exporter cannot be exposed with TLS and "
+            f"authentication yet; a monitor on a host that shares {rig}'s network scrapes it"
+        ]
+    try:
+        port = int(values.get("node_exporter_port", 9100))
+    except (TypeError, ValueError):
+        return None, [f"{rig}: node_exporter_port must be a number ({rig_file})"]
+    address = "127.0.0.1" if bind.lower() == "localhost" else bind.removeprefix("[").removesuffix("]")
+    return {"rig": rig, "address": address, "port": port}, []
 
 
 def lock_labels(rig: str, entry: Mapping[str, Any] | None, draft_n_max: Any) -> dict[str, str]:
@@ -78,9 +115,10 @@ def prometheus_config(
     gateway_metrics: str = "",
     self_target: str = "127.0.0.1:9090",
     config_id: str = "",
+    nodes: list[Mapping[str, Any]] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
     """prometheus.yml: one job per rig's llama-server (TLS verified against the rig's certificate, its key from a
-    root-only file), the gateway's exporter when there is one, Prometheus and Alertmanager themselves."""
+    root-only file), one per rig's node exporter, the gateway's exporter when there is one, Prometheus itself."""
     scrapes: list[dict[str, Any]] = []
     for upstream in upstreams:
         job: dict[str, Any] = {
@@ -99,6 +137,18 @@ def prometheus_config(
         if upstream["api_key"]:
             job["authorization"] = {"type": "Bearer", "credentials_file": f"{keys_dir}/{upstream['rig']}"}
         scrapes.append(job)
+    for node in nodes:
+        scrapes.append(
+            {
+                "job_name": f"node-{node['rig']}",
+                "static_configs": [
+                    {
+                        "targets": [f"{_host(node['address'])}:{node['port']}"],
+                        "labels": {**labels[node["rig"]], "service": "node"},
+                    }
+                ],
+            }
+        )
     if gateway_metrics:
         scrapes.append({"job_name": "fleet-gateway", "static_configs": [{"targets": [gateway_metrics]}]})
     scrapes.append({"job_name": "prometheus", "static_configs": [{"targets": [self_target]}]})
@@ -115,11 +165,89 @@ def prometheus_config(
     }
 
 
+def _rule(alert: str, expr: str, for_s: int, severity: str, summary: str, description: str, **labels: str) -> dict:
+    return {
+        "alert": alert,
+        "expr": expr,
+        "for": f"{for_s}s",
+        "labels": {"severity": severity, **labels},
+        "annotations": {"summary": summary, "description": description},
+    }
+
+
+def gpu_rules(
+    gpu_rigs: list[str], *, down_for_s: int, temperature_max: float, memory_floor_mib: float
+) -> list[dict[str, Any]]:
+    """The GPU's alerts, from the node exporter's textfile (module_utils/gpu_metrics.py). Only GPU rigs write those
+    series; the collector's own failure is judged on the rigs declared GPU rigs (``gpu_rigs``)."""
+    floor = int(memory_floor_mib * 2**20)
+    slowdowns = "|".join(TROUBLE_SLOWDOWNS)
+    rules = [
+        _rule(
+            "GpuModelLeftGpu",
+            f'rigkit_gpu_memory_used_bytes < {floor} and on (rig) up{{service="llama-server"}} == 1',
+            down_for_s,
+            "critical",
+            "{{ $labels.rig }}: llama-server answers but its GPU holds almost no memory",
+            f"GPU {{{{ $labels.index }}}} ({{{{ $labels.name }}}}) has used under {memory_floor_mib:g} MiB for "
+            f"{down_for_s} s while the server answered: it serves from the CPU. Check `make status "
+            "host={{ $labels.rig }}` and the server's log (the rollout's offload check names the cause).",
+        ),
+        _rule(
+            "GpuTemperatureHigh",
+            f"rigkit_gpu_temperature_celsius > {temperature_max:g}",
+            down_for_s,
+            "warning",
+            "{{ $labels.rig }}: GPU at {{ $value }} °C",
+            f"GPU {{{{ $labels.index }}}} has been above {temperature_max:g} °C for {down_for_s} s: check its cooling.",
+        ),
+        _rule(
+            "GpuClocksSlowedDown",
+            f'rigkit_gpu_clock_slowdown{{reason=~"{slowdowns}"}} == 1',
+            down_for_s,
+            "warning",
+            "{{ $labels.rig }}: GPU clocks held down ({{ $labels.reason }})",
+            f"GPU {{{{ $labels.index }}}} has been slowed down by {{{{ $labels.reason }}}} for {down_for_s} s "
+            "(heat or power): decoding is slower than benched.",
+        ),
+        _rule(
+            "NvidiaKernelWithoutModule",
+            "rigkit_nvidia_kernel_guard_ok == 0",
+            0,
+            "critical",
+            "{{ $labels.rig }}: kernel {{ $labels.newest }} has no NVIDIA module",
+            "The newest installed kernel has no NVIDIA module (the boot guard: {{ $labels.verdict }}); a reboot "
+            "into it would lose the GPU. Run `make provision host={{ $labels.rig }}`.",
+        ),
+    ]
+    if gpu_rigs:
+        selector = f'rig=~"{"|".join(sorted(gpu_rigs))}"'
+        rules.append(
+            _rule(
+                "GpuCollectorFailing",
+                f"rigkit_gpu_collector_success{{{selector}}} == 0 "
+                f"or (time() - rigkit_gpu_collector_timestamp_seconds{{{selector}}}) > {GPU_SAMPLE_MAX_AGE_S}",
+                down_for_s,
+                "warning",
+                "{{ $labels.rig }}: no GPU facts",
+                "The GPU collector (rigkit-gpu-metrics.timer) could not read the GPU or has stopped: "
+                "check nvidia-smi on the rig.",
+            )
+        )
+    return rules
+
+
 def alert_rules(
-    rigs: Mapping[str, Mapping[str, Any]], *, down_for_s: int, window_s: int, decode_fraction: float
+    rigs: Mapping[str, Mapping[str, Any]],
+    *,
+    down_for_s: int,
+    window_s: int,
+    decode_fraction: float,
+    gpu_temperature_max: float = 85,
+    gpu_memory_floor_mib: float = 256,
 ) -> dict[str, Any]:
     """Alert rules, per rig where the threshold is the rig's own. ``rigs``: {rig: {"min_acceptance": float|None,
-    "bench_tps": float|None, "drafts": bool}}."""
+    "bench_tps": float|None, "drafts": bool, "gpu": bool}}."""
     window = f"{window_s}s"
     rules: list[dict[str, Any]] = [
         {
@@ -132,7 +260,22 @@ def alert_rules(
                 "description": f"Prometheus could not scrape {{{{ $labels.instance }}}} for {down_for_s} s: "
                 "check `make status host={{ $labels.rig }}`.",
             },
-        }
+        },
+        _rule(
+            "NodeExporterDown",
+            'up{service="node"} == 0',
+            down_for_s,
+            "warning",
+            "the node exporter on {{ $labels.rig }} does not answer",
+            f"Prometheus could not scrape {{{{ $labels.instance }}}} for {down_for_s} s: the rig's own and its GPU's "
+            "facts are missing. Check prometheus-node-exporter.service on the rig.",
+        ),
+        *gpu_rules(
+            [rig for rig, facts in rigs.items() if facts.get("gpu")],
+            down_for_s=down_for_s,
+            temperature_max=gpu_temperature_max,
+            memory_floor_mib=gpu_memory_floor_mib,
+        ),
     ]
     for rig, facts in sorted(rigs.items()):
         acceptance = facts.get("min_acceptance")

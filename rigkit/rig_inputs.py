@@ -32,6 +32,7 @@ PREFIXES = (
     "llama_server_",
     "llamacpp_image_",
     "models_",
+    "node_exporter_",
     "nvidia_container_toolkit_",
     "nvidia_driver_",
     "rig_",

@@ -31,6 +31,7 @@ QUERY_TITLES = {
     "acceptance_1h": "draft acceptance per rig, last hour",
     "decode_tps_1h": "decode tokens/s per rig, last hour (compare with `make bench-report`)",
     "server_up": "which servers answer",
+    "gpu_temperature": "GPU temperature per rig, °C (from the GPU rigs' node exporters)",
 }
 
 

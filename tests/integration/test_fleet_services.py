@@ -254,16 +254,22 @@ def wait_until(predicate, timeout: float, what: str) -> float:
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
+def wait_until_every_rig_is_up(service: str) -> set[str]:
+    """The gateway fleet's rigs, once Prometheus scrapes every one's ``service`` and finds it up."""
+    rigs = {"sandbox", "sandbox-mtp", RIG}
+    wait_until(
+        lambda: {r["metric"]["rig"] for r in query(f'up{{service="{service}"}} == 1')} == rigs,
+        60,
+        f"every rig's {service} scraped and up",
+    )
+    return rigs
+
+
 def test_prometheus_scrapes_every_rig_with_the_labels_of_its_lock_entry(gateway):
     from ansible.module_utils.rig_lock import read_lock
 
     ask(gateway, "tiny-gemma4")
-    rigs = {"sandbox", "sandbox-mtp", RIG}
-    wait_until(
-        lambda: {r["metric"]["rig"] for r in query('up{service="llama-server"} == 1')} == rigs,
-        60,
-        "every rig's server scraped and up",
-    )
+    rigs = wait_until_every_rig_is_up("llama-server")
     series = {r["metric"]["rig"]: r["metric"] for r in query("llamacpp:tokens_predicted_total")}
     assert set(series) == rigs
     entry = read_lock(str(gateway["cache"] / "rigs.lock.json"))[RIG]
@@ -274,6 +280,23 @@ def test_prometheus_scrapes_every_rig_with_the_labels_of_its_lock_entry(gateway)
     assert labels["draft_n_max"] == str(RIG_SETTINGS["llama_server_spec_draft_n_max"])
     accepted = query(f'llamacpp:spec_decode_num_accepted_tokens_total{{rig="{RIG}"}}')
     assert accepted and float(accepted[0]["value"][1]) > 0, "the TLS rig's drafting counters, read with its key"
+
+
+def test_prometheus_scrapes_every_rigs_node_exporter_and_the_gpu_collectors_sample(gateway):
+    """Each rig's node exporter (roles/node_exporter) is scraped with the rig's lock labels; sandbox-mtp runs the GPU
+    collector's timer as a GPU rig does, and its sample (no GPU here: nvidia-smi is missing, and it says so) reaches
+    Prometheus through the textfile collector."""
+    rigs = wait_until_every_rig_is_up("node")
+    uname = {r["metric"]["rig"]: r["metric"] for r in query("node_uname_info")}
+    assert set(uname) == rigs and uname[RIG]["draft_n_max"] == str(RIG_SETTINGS["llama_server_spec_draft_n_max"])
+    wait_until(lambda: query('rigkit_gpu_collector_success{rig="sandbox-mtp"}'), 60, "the GPU collector's sample")
+    (sample,) = query('rigkit_gpu_collector_success{rig="sandbox-mtp"}')
+    assert sample["value"][1] == "0"
+    (error,) = query('rigkit_gpu_collector_error{rig="sandbox-mtp"}')
+    assert "nvidia-smi is not installed" in error["metric"]["message"]
+    ages = query('time() - rigkit_gpu_collector_timestamp_seconds{rig="sandbox-mtp"}')
+    assert float(ages[0]["value"][1]) < 60, "the timer keeps sampling"
+    assert not query('rigkit_gpu_collector_success{rig="sandbox"}'), "no GPU collector where it was not asked for"
 
 
 def test_an_alert_fires_when_a_server_stops_reaches_alertmanager_and_clears_when_it_is_back(gateway):

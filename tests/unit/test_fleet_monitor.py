@@ -55,7 +55,8 @@ def test_every_series_of_a_rig_carries_what_its_lock_says_it_runs():
 def test_the_generated_configuration_passes_promtool(tool: Path, tmp_path: Path):
     labels = {"desktop3050": lock_labels("desktop3050", LOCK, 3), "sandbox": lock_labels("sandbox", None, 4)}
     rules = tmp_path / "rules.yml"
-    rules.write_text(yaml.safe_dump(alert_rules({}, down_for_s=60, window_s=600, decode_fraction=0.5)))
+    gpu_rig = {"desktop3050": {"gpu": True}}  # every rule, the GPU's included, goes through promtool
+    rules.write_text(yaml.safe_dump(alert_rules(gpu_rig, down_for_s=60, window_s=600, decode_fraction=0.5)))
     for name in ("desktop3050.crt", "desktop3050"):
         (tmp_path / name).write_text("placeholder\n")
     config = prometheus_config(
@@ -68,7 +69,12 @@ def test_the_generated_configuration_passes_promtool(tool: Path, tmp_path: Path)
         keys_dir=str(tmp_path),
         gateway_metrics="127.0.0.1:8404",
         config_id="abc",
+        nodes=[{"rig": "sandbox", "address": "127.0.0.1", "port": 19080}],
     )
+    node = next(job for job in config["scrape_configs"] if job["job_name"] == "node-sandbox")
+    assert node["static_configs"] == [
+        {"targets": ["127.0.0.1:19080"], "labels": {**labels["sandbox"], "service": "node"}}
+    ]
     desktop = config["scrape_configs"][0]
     assert desktop["scheme"] == "https" and desktop["tls_config"] == {
         "ca_file": f"{tmp_path}/desktop3050.crt",
@@ -236,3 +242,115 @@ def test_status_asks_the_fleet_hosts_too_in_ansibles_pattern_syntax(limit, patte
 
     assert with_fleet_services(limit) == pattern
     assert split_host_pattern(pattern) == [*split_host_pattern(limit), "fleet_services"]
+
+
+# --- the rigs' node exporters and the GPU's alerts ------------------------------------------------------------------
+def test_a_rigs_node_exporter_is_scraped_on_loopback_only_from_a_host_sharing_its_network():
+    """Elsewhere the rig's server is still scraped and the plan says why its node facts are not."""
+    from rigkit.fleet_monitor import node_target
+
+    values = {"node_exporter_host": "127.0.0.1", "node_exporter_port": "19081"}
+    assert node_target("sandbox-mtp", values, shares_network=True, host="fleet") == (
+        {"rig": "sandbox-mtp", "address": "127.0.0.1", "port": 19081},
+        [],
+    )
+    target, problems = node_target("desktop3050", values, shares_network=False, host="nas")
+    assert target is None and "Prometheus on nas cannot reach" in problems[0]
+    assert "its server is" in problems[0]
+    target, problems = node_target("desktop3050", {"node_exporter_host": "0.0.0.0"}, shares_network=True, host="nas")
+    assert target is None and "node_exporter_host is 0.0.0.0" in problems[0]
+    assert "inventory/host_vars/desktop3050.yml" in problems[0]
+
+
+def _rendered(rule: dict, labels: dict[str, str], value: str) -> dict:
+    """What promtool expects of one firing alert: the rule's labels over the series', its annotations templated."""
+    annotations = {}
+    for key, text in rule["annotations"].items():
+        for name, label in labels.items():
+            text = text.replace(f"{{{{ $labels.{name} }}}}", label)
+        annotations[key] = text.replace("{{ $value }}", value)
+    return {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": annotations}
+
+
+def test_the_gpu_alerts_fire_when_they_should_and_only_then(tool: Path, tmp_path: Path):
+    """promtool test rules on the node exporter's GPU series (module_utils/gpu_metrics.py's names): desktop3050's
+    server answers while its GPU holds 20 MiB (the model left the GPU), runs at 91 °C with its clocks held down by
+    heat, has a kernel pending without the module and a collector that failed; laptop1650ti is healthy under load
+    (a power cap is normal); the sandbox is no GPU rig, so its failing collector raises nothing."""
+    rigs = {"desktop3050": {"gpu": True}, "laptop1650ti": {"gpu": True}, "sandbox": {"gpu": False}}
+    rules = alert_rules(rigs, down_for_s=60, window_s=300, decode_fraction=0.5, gpu_temperature_max=85,
+                        gpu_memory_floor_mib=256)  # fmt: skip
+    by_name = {rule["alert"]: rule for rule in rules["groups"][0]["rules"]}
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    node = {"job": "node-desktop3050", "instance": "127.0.0.1:9100", "rig": "desktop3050", "service": "node"}
+    gpu = {**node, "index": "0", "name": "NVIDIA GeForce RTX 3050", "uuid": "GPU-1"}
+    laptop = {**gpu, "job": "node-laptop1650ti", "rig": "laptop1650ti", "name": "NVIDIA GeForce GTX 1650 Ti"}
+
+    def series(name: str, labels: dict[str, str], values: str) -> dict:
+        return {"series": name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "values": values}
+
+    guard = {**node, "verdict": "kept-on-6.1.0-56-amd64", "newest": "6.1.0-57-amd64", "with_module": "6.1.0-56-amd64"}
+    thermal = {**gpu, "reason": "hw_thermal_slowdown"}
+    sandbox = {**node, "job": "node-sandbox", "rig": "sandbox"}
+    inputs = [
+        series("up", {"job": "j", "instance": "i", "rig": "desktop3050", "service": "llama-server"}, "1x40"),
+        series("up", {"job": "k", "instance": "l", "rig": "laptop1650ti", "service": "llama-server"}, "1x40"),
+        series("rigkit_gpu_memory_used_bytes", gpu, f"{20 * 2**20}x40"),
+        series("rigkit_gpu_memory_used_bytes", laptop, f"{3000 * 2**20}x40"),
+        series("rigkit_gpu_temperature_celsius", gpu, "91x40"),
+        series("rigkit_gpu_temperature_celsius", laptop, "70x40"),
+        series("rigkit_gpu_clock_slowdown", thermal, "1x40"),
+        series("rigkit_gpu_clock_slowdown", {**laptop, "reason": "sw_power_cap"}, "1x40"),
+        series("rigkit_gpu_clock_slowdown", {**laptop, "reason": "hw_thermal_slowdown"}, "0x40"),
+        series("rigkit_nvidia_kernel_guard_ok", guard, "0x40"),
+        series("rigkit_nvidia_kernel_guard_ok", {**laptop, "verdict": "ok", "newest": "6.1.0-57-amd64"}, "1x40"),
+        series("rigkit_gpu_collector_success", node, "0x40"),
+        series("rigkit_gpu_collector_success", {**node, "job": "node-laptop1650ti", "rig": "laptop1650ti"}, "1x40"),
+        series(
+            "rigkit_gpu_collector_timestamp_seconds",
+            {**node, "job": "node-laptop1650ti", "rig": "laptop1650ti"},
+            "0+15x40",
+        ),
+        series("rigkit_gpu_collector_success", sandbox, "0x40"),
+        series("up", {**sandbox, "job": "node-sandbox"}, "1x4 0x36"),
+    ]
+    expected = {
+        "GpuModelLeftGpu": [_rendered(by_name["GpuModelLeftGpu"], gpu, str(20 * 2**20))],
+        "GpuTemperatureHigh": [_rendered(by_name["GpuTemperatureHigh"], gpu, "91")],
+        "GpuClocksSlowedDown": [_rendered(by_name["GpuClocksSlowedDown"], thermal, "1")],
+        "NvidiaKernelWithoutModule": [_rendered(by_name["NvidiaKernelWithoutModule"], guard, "0")],
+        "GpuCollectorFailing": [_rendered(by_name["GpuCollectorFailing"], node, "0")],
+        "NodeExporterDown": [_rendered(by_name["NodeExporterDown"], sandbox, "0")],
+    }
+    tests = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": inputs,
+                "alert_rule_test": [
+                    *(
+                        {"eval_time": "30s", "alertname": name, "exp_alerts": []}
+                        for name in expected
+                        if name != "NvidiaKernelWithoutModule"
+                    ),
+                    *(
+                        {"eval_time": "5m", "alertname": name, "exp_alerts": alerts}
+                        for name, alerts in expected.items()
+                    ),
+                ],
+            }
+        ],
+    }
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests))
+    tested = subprocess.run(
+        [str(tool), "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_no_gpu_rig_no_collector_rule():
+    names = [rule["alert"] for rule in alert_rules({"sandbox": {"gpu": False}}, down_for_s=60, window_s=300,
+                                                   decode_fraction=0.5)["groups"][0]["rules"]]  # fmt: skip
+    assert "GpuCollectorFailing" not in names and "GpuModelLeftGpu" in names

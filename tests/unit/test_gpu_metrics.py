@@ -136,8 +136,9 @@ def test_the_boot_guard_verdict_is_exported(tmp_path: Path):
 
 
 def test_while_serving_on_the_gpu_the_memory_shows_and_on_the_cpu_it_does_not():
-    """The recorded samples of tests/gpu/run.sh: the same server, as is and with CUDA_VISIBLE_DEVICES= (the signal the
-    'model left the GPU' alert reads)."""
+    """The samples tests/gpu/run.sh took on the H200 while the same server served as is and with
+    CUDA_VISIBLE_DEVICES= (the signal the 'model left the GPU' alert reads). Recorded as the collector wrote them
+    then, with the GPU's index labelled `gpu` (now `index`): only the values are read here."""
     on_gpu = (DATA / "h200-serving-gpu.prom").read_text()
     on_cpu = (DATA / "h200-serving-cpu.prom").read_text()
     assert value(on_gpu, "rigkit_gpu_memory_used_bytes") > 256 * 2**20
@@ -153,3 +154,11 @@ def test_the_textfile_passes_promtool(tool: Path, tmp_path: Path):
         done = subprocess.run([str(tool), "check", "metrics"], input=text, capture_output=True, text=True,
                               check=False)  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_only_ascii_numbers_are_read():
+    """nvidia-smi's text is untrusted: another script's digits are not a number (float() would take them)."""
+    row = NEW_ROWS.replace(", 700.00, ", ", \u0667\u0660\u0660, ", 1)
+    (gpu,) = parse_rows(row)
+    assert "rigkit_gpu_power_limit_watts" not in gpu.values
+    assert parse_rows(NEW_ROWS.replace(", P0, ", ", P\u0660, ", 1))[0].pstate is None

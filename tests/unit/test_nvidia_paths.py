@@ -585,5 +585,6 @@ def test_provision_play_orders_the_nvidia_roles_with_gpu_conditions():
         ("cuda", "rig_kind == 'gpu' and rig_wants_cuda | default(false) | bool"),
         ("llamacpp_image", None),
         ("llama_server", None),
+        ("node_exporter", None),  # the fleet monitor's view of the rig and its GPU
         ("rig_lock", None),  # records what the rig runs once it is healthy
     ]
