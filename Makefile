@@ -15,7 +15,7 @@ VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan cuda-standin observe
+.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan cuda-standin observe fleet-graph
 
 help: ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -66,6 +66,9 @@ status: setup ## one table for the fleet (or host=NAME): GPU, driver, llama.cpp,
 
 observe: setup ## the way into the fleet services: the gateway's URL and a curl that works, Prometheus, ready queries
 	@$(BIN)/python bin/rigkit observe
+
+fleet-graph: setup ## a picture of the fleet monitor's graph (draft acceptance per rig): make fleet-graph [out=PNG] [ARGS="--range 1h"]
+	@$(BIN)/python bin/rigkit fleet-graph --out '$(or $(out),reports/fleet/acceptance.png)' $(ARGS)
 
 bench: setup ## measure the drafter on a provisioned rig (off, draft length 1..N): make bench host=NAME
 	@$(BIN)/python bin/rigkit check-host '$(host)'

@@ -47,6 +47,9 @@ RIG_NAMES = (
     "rig_kind",
     "node_exporter_host",
     "node_exporter_port",
+    "node_exporter_tls",
+    "node_exporter_username",
+    "node_exporter_password",
 )
 
 

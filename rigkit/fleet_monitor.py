@@ -15,7 +15,7 @@ from typing import Any
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
 # isort: split
-from ansible.module_utils.net_address import is_loopback
+from ansible.module_utils.net_address import is_loopback, is_wildcard, serves_tls
 
 from rigkit.bench_report import summarise
 from rigkit.bench_tune import ReportError, current_setting, latest_report, load_report
@@ -28,6 +28,9 @@ PREDICTED = "llamacpp:tokens_predicted_total"
 PREDICTED_SECONDS = "llamacpp:tokens_predicted_seconds_total"
 # The slowdown reasons that mean trouble (module_utils/gpu_metrics.py's names); a power cap under load is normal.
 TROUBLE_SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+NODE_EXPORTER_PORT = 9100
+# Where roles/node_exporter keeps the certificate it serves with TLS (read from the rig to verify it).
+NODE_EXPORTER_CERT = "/etc/prometheus/node-exporter/tls.crt"
 # A GPU sample older than this is stale (the collector's timer stopped).
 GPU_SAMPLE_MAX_AGE_S = 120
 
@@ -38,31 +41,58 @@ QUERIES = {
     "server_up": 'up{service="llama-server"}',
     "gpu_temperature": "max by (rig) (rigkit_gpu_temperature_celsius)",
 }
+# Over time, per rig (rigkit fleet-graph draws them with Prometheus's Graph page).
+GRAPHS = {
+    "acceptance": f"sum by (rig) (rate({ACCEPTED}[5m])) / sum by (rig) (rate({DRAFTED}[5m]))",
+    "decode_tps": f"sum by (rig) (rate({PREDICTED}[5m])) / sum by (rig) (rate({PREDICTED_SECONDS}[5m]))",
+    "gpu_temperature": "max by (rig) (rigkit_gpu_temperature_celsius)",
+}
+
+
+def node_exporter_port(rig_kind: object, llama_server_port: object) -> int:
+    """A rig's node exporter port when its inventory sets none: 9100 (the exporter's registered port) on a rig of its
+    own; the sandbox's rigs share this machine's network, so each listens 1000 above its llama-server. The
+    node_exporter role's default (filter node_exporter_default_port) and the monitor's plan both ask this."""
+    if str(rig_kind) == "sandbox":
+        return int(str(llama_server_port)) + 1000
+    return NODE_EXPORTER_PORT
 
 
 def node_target(
     rig: str, values: Mapping[str, Any], *, shares_network: bool, host: str
 ) -> tuple[dict[str, Any] | None, list[str]]:
-    """Where Prometheus on ``host`` scrapes the rig's node exporter (roles/node_exporter, on loopback), or why it
-    cannot (the monitor then scrapes that rig's server only, and says so)."""
+    """Where Prometheus on ``host`` scrapes the rig's node exporter (roles/node_exporter), or why it cannot (the
+    monitor then scrapes that rig's server only, and says so). On loopback only from the rig's own network; off
+    loopback over TLS verified against the certificate the rig made for it, as its one user (the controller's
+    validation refused an exposed node exporter without TLS or a password already)."""
     bind = str(values.get("node_exporter_host") or "127.0.0.1")
     rig_file = f"inventory/host_vars/{rig}.yml"
-    if not is_loopback(bind):
-        return None, [
-            f"{rig}: node_exporter_host is {bind}: the node exporter stays on loopback; set 127.0.0.1 in {rig_file}"
-        ]
-    if not shares_network:
+    tls = serves_tls(values.get("node_exporter_tls", "auto"), bind)
+    if is_loopback(bind) and not shares_network:
         return None, [
             f"{rig}: its node exporter listens on loopback ({bind}), which Prometheus on {host} cannot reach, so its "
-            f"node and GPU facts are not scraped (its server is): the node exporter cannot be exposed with TLS and "
-            f"authentication yet; a monitor on a host that shares {rig}'s network scrapes it"
+            f"node and GPU facts are not scraped (its server is): set node_exporter_host (with node_exporter_password "
+            f"from Vault) in {rig_file}"
         ]
     try:
-        port = int(values.get("node_exporter_port", 9100))
+        port = int(
+            values.get("node_exporter_port")
+            or node_exporter_port(values.get("rig_kind"), values.get("llama_server_port", 8080))
+        )
     except (TypeError, ValueError):
         return None, [f"{rig}: node_exporter_port must be a number ({rig_file})"]
-    address = "127.0.0.1" if bind.lower() == "localhost" else bind.removeprefix("[").removesuffix("]")
-    return {"rig": rig, "address": address, "port": port}, []
+    address = str(values.get("ansible_host") or rig) if is_wildcard(bind) else bind
+    address = "127.0.0.1" if address.lower() == "localhost" else address.removeprefix("[").removesuffix("]")
+    return {
+        "rig": rig,
+        "address": address,
+        "port": port,
+        "tls": tls,
+        "verify_name": rig if tls else "",  # the certificate the role makes lists the rig's inventory name
+        "cert_path": NODE_EXPORTER_CERT if tls else "",
+        "username": str(values.get("node_exporter_username") or "") if tls else "",
+        "password": str(values.get("node_exporter_password") or "") if tls else "",
+    }, []
 
 
 def lock_labels(rig: str, entry: Mapping[str, Any] | None, draft_n_max: Any) -> dict[str, str]:
@@ -138,17 +168,20 @@ def prometheus_config(
             job["authorization"] = {"type": "Bearer", "credentials_file": f"{keys_dir}/{upstream['rig']}"}
         scrapes.append(job)
     for node in nodes:
-        scrapes.append(
-            {
-                "job_name": f"node-{node['rig']}",
-                "static_configs": [
-                    {
-                        "targets": [f"{_host(node['address'])}:{node['port']}"],
-                        "labels": {**labels[node["rig"]], "service": "node"},
-                    }
-                ],
-            }
-        )
+        job = {
+            "job_name": f"node-{node['rig']}",
+            "static_configs": [
+                {
+                    "targets": [f"{_host(node['address'])}:{node['port']}"],
+                    "labels": {**labels[node["rig"]], "service": "node"},
+                }
+            ],
+        }
+        if node.get("tls"):
+            job["scheme"] = "https"
+            job["tls_config"] = {"ca_file": f"{certs_dir}/{node['rig']}-node.crt", "server_name": node["verify_name"]}
+            job["basic_auth"] = {"username": node["username"], "password_file": f"{keys_dir}/{node['rig']}-node"}
+        scrapes.append(job)
     if gateway_metrics:
         scrapes.append({"job_name": "fleet-gateway", "static_configs": [{"targets": [gateway_metrics]}]})
     scrapes.append({"job_name": "prometheus", "static_configs": [{"targets": [self_target]}]})

@@ -26,7 +26,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.docker_daemon_config import exposure_problems
 from ansible.module_utils.llama_server_args import extra_args_problems, managed_flags, rendered_flags
 from ansible.module_utils.model_catalog import CATALOG_PATH, CatalogError, deployable_entry, host_pin_refusal
-from ansible.module_utils.net_address import is_loopback
+from ansible.module_utils.net_address import is_loopback, serves_tls
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks
 from ansible.module_utils.nvidia_compat import pci_device_id
 from ansible.module_utils.preflight_memory import MEMORY_SETTINGS, MemorySettingError, auto_or_mib
@@ -426,6 +426,8 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
             "llama_server_api_key), or bind 127.0.0.1",
         )
     _check_tls(report, values)
+    for variable, value, why in node_exporter_problems(values):
+        report.add(variable, HIDDEN if variable == "node_exporter_password" else value, why)
     _check_cors(report, values.get("llama_server_cors_origins"))
     for problem in exposure_problems(values.get("docker_daemon_options")):
         report.note("docker_daemon_options", f"docker_daemon_options.{problem}")
@@ -494,6 +496,41 @@ def _check_tls(report: Report, values: Mapping[str, Any]) -> None:
         report.note(
             "llama_server_tls_key", "llama_server_tls_key is not a PEM private key (no BEGIN ... PRIVATE KEY line)"
         )
+
+
+# The node exporter's password travels in a basic-auth header: long enough, printable, no whitespace.
+NODE_EXPORTER_PASSWORD_RE = re.compile(r"[\x21-\x7e]{16,256}")
+
+
+def node_exporter_problems(values: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
+    """(variable, value, why) for a node exporter that would answer anyone on the network: off loopback it serves
+    TLS, and with TLS only to node_exporter_username with a password from Vault. The controller's validation and the
+    node_exporter role (filter node_exporter_problems) both ask this."""
+    host = values.get("node_exporter_host", "127.0.0.1")
+    tls = values.get("node_exporter_tls", "auto")
+    problems: list[tuple[str, Any, str]] = []
+    if not is_loopback(host) and not serves_tls(tls, host):
+        problems.append(
+            (
+                "node_exporter_tls",
+                tls,
+                f"node_exporter_host is {host} (not loopback), so every rig fact would cross the network in clear to "
+                "anyone who asks: remove node_exporter_tls (auto serves TLS) or keep node_exporter_host on 127.0.0.1",
+            )
+        )
+    elif serves_tls(tls, host) and not NODE_EXPORTER_PASSWORD_RE.fullmatch(
+        str(values.get("node_exporter_password") or "")
+    ):
+        problems.append(
+            (
+                "node_exporter_password",
+                values.get("node_exporter_password"),
+                "with TLS the node exporter answers only node_exporter_username with this password: 16 to 256 "
+                "printable characters without spaces, from Vault (ansible-vault encrypt_string --name "
+                "node_exporter_password)",
+            )
+        )
+    return problems
 
 
 def _check_trained_context(report: Report, values: Mapping[str, Any], catalog: Any) -> None:

@@ -27,6 +27,8 @@ rigkit plan --host RIG   the rig's driver / CUDA / GPU / kernel compatibility pl
 rigkit proof NAME | --list | --check
                          run a heavy proof and write its receipt (reports/proofs/), or check every receipt
 rigkit observe           the fleet services' way in: the gateway's URL and a curl that works, Prometheus, queries
+rigkit fleet-graph --out PNG [--graph acceptance|decode_tps|gpu_temperature] [--range 30m]
+                         a picture of the fleet monitor's graph (headless Chromium on Prometheus's Graph page)
 rigkit cuda-standin [--base-image IMAGE]
                          build the stand-in CUDA base images from NVIDIA's PyPI wheels (docker/cuda-standin)
 """
@@ -36,14 +38,16 @@ from __future__ import annotations
 import argparse
 
 from rigkit import mirror_daemon
-from rigkit.cli import bench, cuda_standin, discover, fleet, inventory, observe, pin, plan, proof
+from rigkit.cli import bench, cuda_standin, discover, fleet, fleet_graph, inventory, observe, pin, plan, proof
 from rigkit.sandbox import hub
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rigkit", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (inventory, pin, mirror_daemon, hub, bench, fleet, discover, plan, proof, cuda_standin, observe):
+    for module in (
+        inventory, pin, mirror_daemon, hub, bench, fleet, discover, plan, proof, cuda_standin, observe, fleet_graph,
+    ):  # fmt: skip
         module.register(commands)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -299,6 +299,24 @@ def test_prometheus_scrapes_every_rigs_node_exporter_and_the_gpu_collectors_samp
     assert not query('rigkit_gpu_collector_success{rig="sandbox"}'), "no GPU collector where it was not asked for"
 
 
+def test_the_tls_rigs_node_exporter_answers_only_its_user_over_tls_and_prometheus_scrapes_it_so(gateway):
+    """gw-tls-rig's node exporter serves TLS with a certificate the rig made and answers only its user: Prometheus
+    verifies it against that certificate and reads the password from a root-only file, never from prometheus.yml."""
+    password = RIG_SETTINGS["node_exporter_password"]
+    url = f"https://127.0.0.1:{RIG_SETTINGS['llama_server_port'] + 1000}/metrics"
+    code = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", "/etc/prometheus/node-exporter/tls.crt"]
+    assert in_container("rigkit-gw-tls-rig", *code, url).stdout == "401"
+    assert in_container("rigkit-gw-tls-rig", *code, "-u", "prometheus:wrong-password-of-16", url).stdout == "401"
+    assert in_container("rigkit-gw-tls-rig", *code, "-u", f"prometheus:{password}", url).stdout == "200"
+    targets = requests.get(f"{PROMETHEUS}/api/v1/targets?state=active", timeout=10).json()["data"]["activeTargets"]
+    (node,) = [t for t in targets if t["labels"].get("service") == "node" and t["labels"]["rig"] == RIG]
+    assert node["scrapeUrl"].startswith("https://") and node["health"] == "up", node
+    config = in_container("rigkit-gw-fleet", "cat", "/etc/prometheus/prometheus.yml").stdout
+    assert "password_file" in config and password not in config
+    web = in_container("rigkit-gw-tls-rig", "cat", "/etc/prometheus/node-exporter/web.yml").stdout
+    assert "$2y$" in web and password not in web  # the rig keeps a bcrypt hash only
+
+
 def test_an_alert_fires_when_a_server_stops_reaches_alertmanager_and_clears_when_it_is_back(gateway):
     unit = "rigkit-llama-main.service"
     assert not firing(RIG)

@@ -52,21 +52,26 @@ def test_every_series_of_a_rig_carries_what_its_lock_says_it_runs():
     assert lock_labels("new-rig", None, 2)["target_sha256"] == ""
 
 
+def configuration(tmp_path: Path, upstreams: list, labels: dict, rigs: dict, files: tuple, **extra) -> dict:
+    """prometheus_config with the rules of ``rigs`` written beside it and the certificate and key ``files`` it names
+    present (placeholders: promtool checks that they exist)."""
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(alert_rules(rigs, down_for_s=60, window_s=600, decode_fraction=0.5)))
+    for name in files:
+        (tmp_path / name).write_text("placeholder\n")
+    return prometheus_config(upstreams, labels, interval_s=15, alertmanager="127.0.0.1:9093", rules_file=str(rules),
+                             certs_dir=str(tmp_path), keys_dir=str(tmp_path), **extra)  # fmt: skip
+
+
 def test_the_generated_configuration_passes_promtool(tool: Path, tmp_path: Path):
     labels = {"desktop3050": lock_labels("desktop3050", LOCK, 3), "sandbox": lock_labels("sandbox", None, 4)}
-    rules = tmp_path / "rules.yml"
     gpu_rig = {"desktop3050": {"gpu": True}}  # every rule, the GPU's included, goes through promtool
-    rules.write_text(yaml.safe_dump(alert_rules(gpu_rig, down_for_s=60, window_s=600, decode_fraction=0.5)))
-    for name in ("desktop3050.crt", "desktop3050"):
-        (tmp_path / name).write_text("placeholder\n")
-    config = prometheus_config(
+    config = configuration(
+        tmp_path,
         UPSTREAMS,
         labels,
-        interval_s=15,
-        alertmanager="127.0.0.1:9093",
-        rules_file=str(rules),
-        certs_dir=str(tmp_path),
-        keys_dir=str(tmp_path),
+        gpu_rig,
+        ("desktop3050.crt", "desktop3050"),
         gateway_metrics="127.0.0.1:8404",
         config_id="abc",
         nodes=[{"rig": "sandbox", "address": "127.0.0.1", "port": 19080}],
@@ -245,21 +250,21 @@ def test_status_asks_the_fleet_hosts_too_in_ansibles_pattern_syntax(limit, patte
 
 
 # --- the rigs' node exporters and the GPU's alerts ------------------------------------------------------------------
-def test_a_rigs_node_exporter_is_scraped_on_loopback_only_from_a_host_sharing_its_network():
+def test_a_rigs_node_exporter_on_loopback_is_scraped_only_from_a_host_sharing_its_network():
     """Elsewhere the rig's server is still scraped and the plan says why its node facts are not."""
     from rigkit.fleet_monitor import node_target
 
     values = {"node_exporter_host": "127.0.0.1", "node_exporter_port": "19081"}
-    assert node_target("sandbox-mtp", values, shares_network=True, host="fleet") == (
-        {"rig": "sandbox-mtp", "address": "127.0.0.1", "port": 19081},
-        [],
+    node, why = node_target("sandbox-mtp", values, shares_network=True, host="fleet")
+    assert why == [] and (node["address"], node["port"], node["tls"], node["password"]) == (
+        "127.0.0.1",
+        19081,
+        False,
+        "",
     )
-    target, problems = node_target("desktop3050", values, shares_network=False, host="nas")
-    assert target is None and "Prometheus on nas cannot reach" in problems[0]
-    assert "its server is" in problems[0]
-    target, problems = node_target("desktop3050", {"node_exporter_host": "0.0.0.0"}, shares_network=True, host="nas")
-    assert target is None and "node_exporter_host is 0.0.0.0" in problems[0]
-    assert "inventory/host_vars/desktop3050.yml" in problems[0]
+    target, why = node_target("desktop3050", values, shares_network=False, host="nas")
+    assert target is None and "Prometheus on nas cannot reach" in why[0]
+    assert "its server is" in why[0] and "node_exporter_host" in why[0] and "host_vars/desktop3050.yml" in why[0]
 
 
 def _rendered(rule: dict, labels: dict[str, str], value: str) -> dict:
@@ -354,3 +359,79 @@ def test_no_gpu_rig_no_collector_rule():
     names = [rule["alert"] for rule in alert_rules({"sandbox": {"gpu": False}}, down_for_s=60, window_s=300,
                                                    decode_fraction=0.5)["groups"][0]["rules"]]  # fmt: skip
     assert "GpuCollectorFailing" not in names and "GpuModelLeftGpu" in names
+
+
+def test_an_exposed_node_exporter_is_scraped_over_tls_as_its_user(tool: Path, tmp_path: Path):
+    """Off loopback (a monitor on another host): https verified against the certificate the rig made, with the rig's
+    inventory name, and basic auth whose password Prometheus reads from a file, never from prometheus.yml."""
+    from rigkit.fleet_monitor import NODE_EXPORTER_CERT, node_target
+
+    values = {
+        "node_exporter_host": "0.0.0.0",
+        "node_exporter_port": 9100,
+        "ansible_host": "192.168.1.20",
+        "node_exporter_username": "prometheus",
+        "node_exporter_password": "p" * 24,
+    }
+    node, why = node_target("desktop3050", values, shares_network=False, host="nas")
+    assert why == [] and node == {
+        "rig": "desktop3050",
+        "address": "192.168.1.20",
+        "port": 9100,
+        "tls": True,
+        "verify_name": "desktop3050",
+        "cert_path": NODE_EXPORTER_CERT,
+        "username": "prometheus",
+        "password": "p" * 24,
+    }
+    labels = {"desktop3050": lock_labels("desktop3050", LOCK, 3)}
+    config = configuration(tmp_path, [], labels, {}, ("desktop3050-node.crt", "desktop3050-node"), nodes=[node])
+    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "node-desktop3050"]
+    assert job["scheme"] == "https" and job["static_configs"][0]["targets"] == ["192.168.1.20:9100"]
+    assert job["tls_config"] == {"ca_file": f"{tmp_path}/desktop3050-node.crt", "server_name": "desktop3050"}
+    assert job["basic_auth"] == {"username": "prometheus", "password_file": f"{tmp_path}/desktop3050-node"}
+    assert "p" * 24 not in json.dumps(config)
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    checked = subprocess.run([str(tool), "check", "config", str(path)], capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_node_exporter_rule_is_the_one_the_role_and_the_controller_ask():
+    from rigkit.rig_validate import node_exporter_problems
+
+    assert node_exporter_problems({}) == []  # loopback, no TLS, no password needed
+    assert node_exporter_problems({"node_exporter_host": "127.0.0.2"}) == []  # 127.0.0.0/8 is loopback
+    (clear,) = node_exporter_problems({"node_exporter_host": "192.168.1.20", "node_exporter_tls": "false"})
+    assert clear[0] == "node_exporter_tls"
+    (weak,) = node_exporter_problems({"node_exporter_host": "::", "node_exporter_password": "has a space in it!"})
+    assert weak[0] == "node_exporter_password"
+    forced = {"node_exporter_host": "127.0.0.1", "node_exporter_tls": True}
+    assert [p[0] for p in node_exporter_problems(forced)] == ["node_exporter_password"]
+    assert node_exporter_problems({**forced, "node_exporter_password": "x" * 16}) == []
+
+
+def test_the_fleet_graph_opens_prometheus_graph_page_on_the_ready_expression():
+    from urllib.parse import parse_qs, urlsplit
+
+    from rigkit.cli.fleet_graph import graph_page
+    from rigkit.fleet_monitor import GRAPHS
+
+    page = urlsplit(graph_page("http://127.0.0.1:18490", GRAPHS["acceptance"], "30m"))
+    assert (page.netloc, page.path) == ("127.0.0.1:18490", "/graph")
+    assert parse_qs(page.query) == {
+        "g0.expr": [GRAPHS["acceptance"]],
+        "g0.tab": ["0"],
+        "g0.range_input": ["30m"],
+        "g0.stacked": ["0"],
+    }
+
+
+def test_a_node_exporters_port_is_9100_on_a_rig_of_its_own_and_beside_the_server_on_the_sandbox():
+    from rigkit.fleet_monitor import node_exporter_port, node_target
+
+    assert node_exporter_port("gpu", 8080) == 9100
+    assert node_exporter_port("sandbox", "18081") == 19081
+    node, _ = node_target("sandbox-mtp", {"rig_kind": "sandbox", "llama_server_port": 18081}, shares_network=True,
+                          host="fleet")  # fmt: skip
+    assert node["port"] == 19081

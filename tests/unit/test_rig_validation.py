@@ -304,6 +304,16 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         {"llama_server_memory_headroom_mib": -5},
         ["{file}: llama_server_memory_headroom_mib is -5; expected auto (1536 MiB on a GPU rig"],
     ),
+    (
+        "node-exporter-in-clear",
+        {"node_exporter_host": "0.0.0.0", "node_exporter_tls": False},
+        ["{file}: node_exporter_tls is false; node_exporter_host is 0.0.0.0 (not loopback), so every rig fact"],
+    ),
+    (
+        "node-exporter-no-password",
+        {"node_exporter_host": "192.168.1.20", "node_exporter_password": "short"},
+        ['{file}: node_exporter_password is "<hidden>"; with TLS the node exporter answers only'],
+    ),
 ]
 
 
