@@ -61,8 +61,11 @@ def alias_of(catalog: Mapping[str, Any], target: str) -> str:
     return str(alias or target).lower()
 
 
-def _address(rig: str, values: Mapping[str, Any]) -> str:
-    host = str(values.get("llama_server_host") or "127.0.0.1").strip()
+def reach_address(rig: str, bind: object, values: Mapping[str, Any]) -> str:
+    """Where a service of the rig bound to ``bind`` is reached: a specific address as it is, a wildcard bind at the
+    rig's ansible_host, localhost as 127.0.0.1 (an IPv6 address without brackets). The gateway's and the monitor's
+    rule for the rig's server and its node exporter alike."""
+    host = str(bind or "127.0.0.1").strip()
     if is_wildcard(host):
         host = str(values.get("ansible_host") or rig)
     if host.lower() == "localhost":
@@ -92,7 +95,7 @@ def upstream(
     and the file; ``rigs_variable``: the list of rigs to leave it out of)."""
     rig_file = f"inventory/host_vars/{rig}.yml"
     bind = str(values.get("llama_server_host") or "127.0.0.1")
-    address = _address(rig, values)
+    address = reach_address(rig, values.get("llama_server_host"), values)
     tls = serves_tls(values.get("llama_server_tls", "auto"), bind)
     api_key = str(values.get("llama_server_api_key") or "")
     problems: list[str] = []

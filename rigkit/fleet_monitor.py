@@ -15,10 +15,11 @@ from typing import Any
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
 # isort: split
-from ansible.module_utils.net_address import is_loopback, is_wildcard, serves_tls
+from ansible.module_utils.net_address import is_loopback, serves_tls
 
 from rigkit.bench_report import summarise
 from rigkit.bench_tune import ReportError, current_setting, latest_report, load_report
+from rigkit.fleet_gateway import reach_address
 
 SHORT = 12
 # Metric names as llama-server exports them (--metrics).
@@ -45,7 +46,7 @@ QUERIES = {
 GRAPHS = {
     "acceptance": f"sum by (rig) (rate({ACCEPTED}[5m])) / sum by (rig) (rate({DRAFTED}[5m]))",
     "decode_tps": f"sum by (rig) (rate({PREDICTED}[5m])) / sum by (rig) (rate({PREDICTED_SECONDS}[5m]))",
-    "gpu_temperature": "max by (rig) (rigkit_gpu_temperature_celsius)",
+    "gpu_temperature": QUERIES["gpu_temperature"],
 }
 
 
@@ -81,8 +82,7 @@ def node_target(
         )
     except (TypeError, ValueError):
         return None, [f"{rig}: node_exporter_port must be a number ({rig_file})"]
-    address = str(values.get("ansible_host") or rig) if is_wildcard(bind) else bind
-    address = "127.0.0.1" if address.lower() == "localhost" else address.removeprefix("[").removesuffix("]")
+    address = reach_address(rig, bind, values)
     return {
         "rig": rig,
         "address": address,
