@@ -1,5 +1,5 @@
 """Jinja filters for the llama_server role: the allow-list ruleset (logic in module_utils/nft_allowlist.py), the
-preflight's memory budget and headroom as auto or MiB (module_utils/preflight_memory.py) and the line a run ends
+preflight's memory budget and headroom as auto or MiB (module_utils/preflight/memory.py) and the line a run ends
 with for each rig (the role's report.yml, and roles/rig_state's fast path from the record)."""
 
 from __future__ import annotations
@@ -11,10 +11,17 @@ from ansible.errors import AnsibleFilterError
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
 # isort: split
+from ansible.module_utils.llama_server.paths import (
+    container_name,
+    tls_cert_path,
+    tls_dir,
+    tls_key_path,
+    unit_name,
+    unit_path,
+)
 from ansible.module_utils.net_address import is_loopback, serves_tls
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset
-from ansible.module_utils.preflight_memory import BUDGET_VARIABLE, memory_budget_mib, memory_headroom_mib
-from ansible.module_utils.server_paths import container_name, tls_cert_path, tls_dir, tls_key_path, unit_name, unit_path
+from ansible.module_utils.preflight.memory import BUDGET_VARIABLE, memory_budget_mib, memory_headroom_mib
 
 
 def _nft_allowlist(networks: Any, instance: str, port: Any) -> str:

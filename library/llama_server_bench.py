@@ -70,7 +70,7 @@ cells:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bench_workload import BenchError, measure_setting
-from ansible.module_utils.llama_server_api import CLIENT_ARGUMENT_SPEC, Endpoint, ServerApiError
+from ansible.module_utils.llama_server.api import CLIENT_ARGUMENT_SPEC, Endpoint, ServerApiError
 
 
 def main() -> None:

@@ -106,7 +106,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpu_offload import GpuOffloadError, check
-from ansible.module_utils.llama_server_unit import unit_state
+from ansible.module_utils.llama_server.unit import unit_state
 from ansible.module_utils.rig_command import run
 
 COMPUTE_APPS = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: can this llama-server configuration start here? (module_utils/server_preflight.py decides)."""
+"""Ansible module: can this llama-server configuration start here? (module_utils/preflight/server.py decides)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ description:
   - C(draft-mtp) needs a C(gemma4) target and a C(gemma4-assistant) drafter whose C(embedding_length_out) equals
     the target's C(embedding_length), with matching KV heads and head sizes. C(draft-simple) needs a classic
     draft model with the target's vocabulary and tokenizer; a C(gemma4-assistant) drafter is refused there.
-  - The memory estimate follows llama.cpp b11312 (commit 0c1e57098); see module_utils/server_preflight.py for
+  - The memory estimate follows llama.cpp b11312 (commit 0c1e57098); see module_utils/preflight/server.py for
     the formulas. With O(gpu_layers) 0 the budget is host RAM and everything counts.
   - Never changes anything. Fails with every problem, one per line, each naming the host variable to change.
   - Runs on the managed host with the Python standard library only.
@@ -159,7 +159,7 @@ problems:
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.server_preflight import (
+from ansible.module_utils.preflight.server import (
     CACHE_TYPES,
     MIB,
     PreflightError,

@@ -97,7 +97,7 @@ from_record:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llama_server_api import (
+from ansible.module_utils.llama_server.api import (
     CLIENT_ARGUMENT_SPEC,
     Endpoint,
     ServerApiError,
@@ -105,7 +105,7 @@ from ansible.module_utils.llama_server_api import (
     complete,
     speculative_slots,
 )
-from ansible.module_utils.llama_server_unit import Serving, read_record, write_record
+from ansible.module_utils.llama_server.unit import Serving, read_record, write_record
 
 
 def main() -> None:

@@ -171,8 +171,8 @@ server:
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llama_server_api import Endpoint, ServerApiError
-from ansible.module_utils.llama_server_unit import Serving, read_record
+from ansible.module_utils.llama_server.api import Endpoint, ServerApiError
+from ansible.module_utils.llama_server.unit import Serving, read_record
 from ansible.module_utils.rig_state import (
     compare,
     load_record,

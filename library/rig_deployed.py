@@ -107,7 +107,7 @@ server:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llama_server_api import CLIENT_ARGUMENT_SPEC
+from ansible.module_utils.llama_server.api import CLIENT_ARGUMENT_SPEC
 from ansible.module_utils.nvidia_kernels import survey
 from ansible.module_utils.rig_deployed import container, file_sha256, gpu, image, model, packages, server, unit_state
 

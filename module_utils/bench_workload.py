@@ -16,7 +16,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ansible.module_utils.llama_server_api import (
+from ansible.module_utils.llama_server.api import (
     Endpoint,
     ServerApiError,
     StreamedCompletion,

@@ -11,10 +11,10 @@ import re
 import time
 from typing import Any
 
-from ansible.module_utils.llama_server_api import Endpoint, ServerApiError, metrics
+from ansible.module_utils.llama_server.api import Endpoint, ServerApiError, metrics
+from ansible.module_utils.llama_server.config import serving
 from ansible.module_utils.model_fetch import sha256_file, verified_record
 from ansible.module_utils.rig_command import run
-from ansible.module_utils.server_config import serving
 
 # What makes up the NVIDIA stack and the container engine on a rig (the lock pins their versions).
 PACKAGE_PATTERN = re.compile(

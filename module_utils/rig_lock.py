@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from ansible.module_utils.atomic_file import write_atomic
-from ansible.module_utils.server_config import problem
+from ansible.module_utils.llama_server.config import problem
 
 ABOUT = (
     "What each `make provision` actually deployed, per rig (written by the rig_lock role; do not edit). "

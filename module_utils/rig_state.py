@@ -14,7 +14,7 @@ roles would undo is never missed:
 - the state of the units the kit keeps running (active and enabled);
 - the Docker images the engine holds (tag and ID);
 - what the server's container runs: whether it runs, its image ID, and whether the configuration it started
-  from is the one whose canary passed (module_utils/server_config.py), so a record is never written, and never
+  from is the one whose canary passed (module_utils/llama_server/config.py), so a record is never written, and never
   matches, for a server that still runs an older setting than its unit file;
 - the running kernel and the kernel modules DKMS built;
 - whether the nftables tables the kit loaded are still loaded (the allow-list lives in the kernel, not on disk:
@@ -35,8 +35,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ansible.module_utils.llama_server.config import problem, serving
 from ansible.module_utils.rig_command import run
-from ansible.module_utils.server_config import problem, serving
 
 SMALL_FILE = 1 << 20  # bytes: hashed in full below this size
 RECORD_PATH = "/var/lib/rigkit/converged.json"
@@ -162,7 +162,7 @@ CONTAINER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def server_container(name: str, proven_path: str, sockets: Sequence[str] = DOCKER_SOCKETS) -> dict[str, Any]:
-    """What the server's container runs (module_utils/server_config.serving), read from the engine's API
+    """What the server's container runs (module_utils/llama_server/config.serving), read from the engine's API
     (GET /containers/NAME/json); not running when the engine does not know it."""
     if not CONTAINER_NAME_RE.fullmatch(name):
         raise ValueError(f"{name!r} is not a container name")

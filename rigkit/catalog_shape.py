@@ -1,7 +1,7 @@
 """A catalog entry's `shape:` facts as an in-memory GGUF header, for the memory model before any GGUF is cached.
 
 Discovery sizes a new rig's context with it and the controller preflight checks a rig's context and memory fit
-with it when the controller's cache does not hold the GGUFs yet (module_utils/server_preflight.py is the model).
+with it when the controller's cache does not hold the GGUFs yet (module_utils/preflight/server.py is the model).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The controller preflight, before any rig is contacted: once the controller's cache holds a rig's GGUFs, the
-pairing, context and memory checks of module_utils/server_preflight.py run on their headers, with rig_gpu's VRAM as
+pairing, context and memory checks of module_utils/preflight/server.py run on their headers, with rig_gpu's VRAM as
 the budget; before that, the context and memory fit of a GPU rig run on the catalog's `shape:` facts (the same
 memory model; pairing needs the real headers). Each problem names the inventory file to edit.
 """
@@ -12,13 +12,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.module_utils.preflight_memory import (
+from ansible.module_utils.preflight.memory import (
     BUDGET_VARIABLE,
     HEADROOM_VARIABLE,
     memory_budget_mib,
     memory_headroom_mib,
 )
-from ansible.module_utils.server_preflight import (
+from ansible.module_utils.preflight.server import (
     PreflightError,
     check_container_memory,
     check_context,

@@ -18,9 +18,9 @@ from typing import Any
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
 # isort: split
+from ansible.module_utils.llama_server.paths import tls_cert_path
 from ansible.module_utils.model_catalog import ALIAS_RE
 from ansible.module_utils.net_address import is_loopback, is_wildcard, serves_tls
-from ansible.module_utils.server_paths import tls_cert_path
 
 # An API key travels in an HAProxy map file and an Authorization header: printable, no whitespace.
 API_KEY = re.compile(r"[\x21-\x7e]{16,256}")

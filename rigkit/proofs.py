@@ -33,7 +33,7 @@ RECEIPTS = REPO / "reports" / "proofs"
 SKIPPED_DIRS = {"__pycache__", ".pytest_cache", ".cache"}
 SKIPPED_SUFFIXES = (".md", ".pyc")
 FILTER_USE_RE = re.compile(r"\|\s*([A-Za-z_][A-Za-z0-9_]*)")
-MODULE_UTILS_IMPORT_RE = re.compile(r"^\s*from ansible\.module_utils\.([A-Za-z0-9_]+) import", re.MULTILINE)
+MODULE_UTILS_IMPORT_RE = re.compile(r"^\s*from ansible\.module_utils\.([A-Za-z0-9_.]+) import", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -119,23 +119,40 @@ def _cuda_image_proof(rig: str, arch: str) -> Proof:
     )
 
 
-PROOFS: tuple[Proof, ...] = (
-    Proof(
-        name="nvidia-driver-dkms-debian12",
-        summary=(
-            "the pinned proprietary 535.309.01 module built and signed by DKMS for three Debian 12 kernels "
-            "(bookworm-security's newest included) and rebuilt when lost (roles/nvidia_driver/molecule/dkms)"
-        ),
+def _dkms_proof(debian: str, scenario: str, container: str, what: str, kernels: int) -> Proof:
+    """The pinned driver's module built by DKMS in one Debian release's Molecule scenario (roles/nvidia_driver)."""
+    return Proof(
+        name=f"nvidia-driver-dkms-debian{debian}",
+        summary=f"{what} (roles/nvidia_driver/molecule/{scenario})",
         steps=(
             HARNESS,
-            Step(("molecule", "test", "--scenario-name", "dkms", "--destroy", "never"), "roles/nvidia_driver"),
+            Step(("molecule", "test", "--scenario-name", scenario, "--destroy", "never"), "roles/nvidia_driver"),
         ),
-        readback=Step(("docker", "exec", "rigkit-molecule-nvidia-dkms", "dkms", "status")),
+        readback=Step(("docker", "exec", container, "dkms", "status")),
         decisive=r"^nvidia-current/\S+, \S+, \S+: installed$",
-        decisive_min=3,
-        inputs=("roles/nvidia_driver/molecule/dkms", *RIG_IMAGE_INPUTS, "requirements.txt", "ansible.cfg"),
+        decisive_min=kernels,
+        inputs=(f"roles/nvidia_driver/molecule/{scenario}", *RIG_IMAGE_INPUTS, "requirements.txt", "ansible.cfg"),
         roles=("nvidia_driver",),
-        cleanup=(Step(("molecule", "destroy", "--scenario-name", "dkms"), "roles/nvidia_driver"),),
+        cleanup=(Step(("molecule", "destroy", "--scenario-name", scenario), "roles/nvidia_driver"),),
+    )
+
+
+PROOFS: tuple[Proof, ...] = (
+    _dkms_proof(
+        "12",
+        "dkms",
+        "rigkit-molecule-nvidia-dkms",
+        "the pinned proprietary 535.309.01 module built and signed by DKMS for three Debian 12 kernels "
+        "(bookworm-security's newest included) and rebuilt when lost",
+        3,
+    ),
+    _dkms_proof(
+        "13",
+        "dkms-trixie",
+        "rigkit-molecule-nvidia-dkms-trixie",
+        "the pinned proprietary 550.163.01 module built and signed by DKMS for Debian 13's point-release kernel and "
+        "trixie-security's newest, with an installer's apt sources",
+        2,
     ),
     *(_cuda_image_proof(rig, arch) for rig, arch in (("laptop1650ti", "75"), ("desktop3050", "86"))),
 )
@@ -180,6 +197,15 @@ def _filter_names(source: str) -> set[str]:
     return names
 
 
+def _module_utils_files(root: Path, dotted: str) -> list[str]:
+    """The files of module_utils that ``ansible.module_utils.<dotted>`` loads: the module, or the package's
+    ``__init__.py``, and the ``__init__.py`` of every package above it."""
+    parts = dotted.split(".")
+    candidates = [f"module_utils/{'/'.join(parts[:depth])}/__init__.py" for depth in range(1, len(parts) + 1)]
+    candidates.append(f"module_utils/{'/'.join(parts)}.py")
+    return [relative for relative in candidates if (root / relative).is_file()]
+
+
 def _code_closure(root: Path, role_files: Sequence[str]) -> set[str]:
     """The library modules, filter plugins and module_utils files the given role files use."""
     text = "\n".join((root / path).read_text(errors="replace") for path in role_files if path.endswith((".yml", ".j2")))
@@ -194,10 +220,10 @@ def _code_closure(root: Path, role_files: Sequence[str]) -> set[str]:
     pending = [root / path for path in used] + [root / path for path in role_files if path.endswith(".py")]
     while pending:
         for name in MODULE_UTILS_IMPORT_RE.findall(pending.pop().read_text(errors="replace")):
-            relative = f"module_utils/{name}.py"
-            if relative not in used and (root / relative).is_file():
-                used.add(relative)
-                pending.append(root / relative)
+            for relative in _module_utils_files(root, name):
+                if relative not in used:
+                    used.add(relative)
+                    pending.append(root / relative)
     return used
 
 

@@ -8,7 +8,7 @@ writes the result.
     profile = plan_profile(facts, catalog, kind="gpu")   # raises DiscoverError with what to do next
     render_host_vars(profile)                            # inventory/host_vars/NAME.yml, every value commented
 
-The context is the largest that fits by module_utils/server_preflight.py's memory model (the preflight the
+The context is the largest that fits by module_utils/preflight/server.py's memory model (the preflight the
 llama_server role runs on the rig), fed with the shape facts catalog entries carry (`shape:`), never with
 numbers of its own.
 """
@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 from ansible.module_utils.gguf_metadata import GgufMetadata
 from ansible.module_utils.nvidia_compat import DRIVER_PINS, compute_capability, open_modules_problem
-from ansible.module_utils.preflight_memory import HEADROOM_VARIABLE, memory_headroom_mib
-from ansible.module_utils.server_preflight import estimate_memory, largest_fitting_ctx
+from ansible.module_utils.preflight.memory import HEADROOM_VARIABLE, memory_headroom_mib
+from ansible.module_utils.preflight.server import estimate_memory, largest_fitting_ctx
 
 from rigkit.catalog_shape import MissingShape
 from rigkit.catalog_shape import catalog_meta as shape_meta
@@ -291,7 +291,7 @@ def plan_profile(
     values["llama_server_ctx_size"] = ctx
     capped = f", capped at max_ctx={cap} (make discover max_ctx=N to go higher)" if best > ctx else ""
     comments["llama_server_ctx_size"] = (
-        f"Context: the preflight's memory model (module_utils/server_preflight.py, catalog shapes, "
+        f"Context: the preflight's memory model (module_utils/preflight/server.py, catalog shapes, "
         f"{headroom} MiB headroom) fits up to {best:,} tokens in {where} {memory}{capped}; at {ctx:,}: "
         f"{estimate.breakdown}"
     )

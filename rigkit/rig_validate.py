@@ -24,12 +24,12 @@ from typing import Any
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.docker_daemon_config import exposure_problems
-from ansible.module_utils.llama_server_args import extra_args_problems, managed_flags, rendered_flags
+from ansible.module_utils.llama_server.args import extra_args_problems, managed_flags, rendered_flags
 from ansible.module_utils.model_catalog import CATALOG_PATH, CatalogError, deployable_entry, host_pin_refusal
 from ansible.module_utils.net_address import is_loopback, serves_tls
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks
 from ansible.module_utils.nvidia_compat import pci_device_id
-from ansible.module_utils.preflight_memory import MEMORY_SETTINGS, MemorySettingError, auto_or_mib
+from ansible.module_utils.preflight.memory import MEMORY_SETTINGS, MemorySettingError, auto_or_mib
 
 import rigkit
 from rigkit.compat_plan import ROLES as COMPAT_ROLES

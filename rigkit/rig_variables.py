@@ -119,7 +119,7 @@ CUDA_ARCHITECTURES_RE = re.compile(r"^[0-9]+(-real|-virtual)?(;[0-9]+(-real|-vir
 DRIVER_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?\Z")
 
 # Integer ranges the specs' types cannot say: (lowest, highest or None, what is accepted). The preflight's budget and
-# headroom (auto or MiB) have theirs with their auto rule, in module_utils/preflight_memory.py MEMORY_SETTINGS.
+# headroom (auto or MiB) have theirs with their auto rule, in module_utils/preflight/memory.py MEMORY_SETTINGS.
 PORT = (1, 65535, "a port 1-65535")
 POSITIVE = (1, None, "a positive integer")
 NON_NEGATIVE = (0, None, "an integer >= 0")

@@ -4,15 +4,15 @@
                           log_path=Path("/tmp/server.log")) as server:
         for n_max in (1, 2, 3):
             endpoint = server.restart(["--spec-draft-n-max", str(n_max)])   # waits for /health 200
-            ...                                                            # module_utils.llama_server_api calls
+            ...                                                            # module_utils.llama_server.api calls
             print(server.log_text())                                       # this start's log lines
 
 Each start appends to ``log_path`` after a ``=== start`` header line; ``log_text()`` returns the current (or last)
 start's part. A start that dies or stays unhealthy raises ServerStartError with the log's tail. stop() sends
 SIGTERM (llama-server then prints its memory breakdown) and SIGKILL after ``stop_timeout``.
 
-The llama_server_api module is the one Ansible modules use (``ansible.module_utils.llama_server_api``, the kit's
-module_utils registered as ansible.cfg does) when ansible is importable, else ``module_utils.llama_server_api``:
+The llama_server.api module is the one Ansible modules use (``ansible.module_utils.llama_server.api``, the kit's
+module_utils registered as ansible.cfg does) when ansible is importable, else ``module_utils.llama_server.api``:
 one module object either way, so its ServerApiError is the one callers catch.
 """
 
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 REPO = Path(__file__).resolve().parents[2]
 
 if TYPE_CHECKING:
-    from module_utils.llama_server_api import Endpoint
+    from module_utils.llama_server.api import Endpoint
 
 
 def kit_module_utils(name: str) -> ModuleType:
@@ -48,7 +48,7 @@ def kit_module_utils(name: str) -> ModuleType:
     return importlib.import_module(f"ansible.module_utils.{name}")
 
 
-api = kit_module_utils("llama_server_api")
+api = kit_module_utils("llama_server.api")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -3,10 +3,10 @@
     python3 tests/gpu/smoke.py --binary BIN --models .device/models --log server.log --out smoke.json [--gpu]
 
 Starts the server (-ngl all -ngld all --spec-type draft-mtp --spec-draft-n-max 3 -fa on --metrics, loopback,
-log level 4 so the buffer sizes are logged), then checks through module_utils/llama_server_api: /health, a canary
+log level 4 so the buffer sizes are logged), then checks through module_utils/llama_server/api: /health, a canary
 completion that drafts (timings.draft_n > 0), /slots speculative, the /metrics spec_decode counters, /props
 build_info. With --gpu it also checks that the log shows target and drafter offloaded to CUDA, reads the process's
-GPU memory from nvidia-smi, and puts module_utils/server_preflight's memory estimate for the same files and
+GPU memory from nvidia-smi, and puts module_utils/preflight/server's memory estimate for the same files and
 settings next to the buffer sizes llama-server logged. Exit status 0 when every check passed.
 """
 
@@ -86,8 +86,8 @@ def server_args(models: Path, gpu_layers: str) -> list[str]:
 
 
 def preflight_estimate(models: Path, *, gpu: bool, budget_mib: float) -> dict[str, Any]:
-    """module_utils/server_preflight for the same files and settings (headroom: the llama_server role's default)."""
-    server_preflight = kit_module_utils("server_preflight")
+    """module_utils/preflight/server for the same files and settings (headroom: the llama_server role's default)."""
+    server_preflight = kit_module_utils("preflight.server")
     settings = {
         "spec_type": "draft-mtp",
         "ctx_size": CTX,
@@ -95,7 +95,7 @@ def preflight_estimate(models: Path, *, gpu: bool, budget_mib: float) -> dict[st
         "flash_attn": "on",
         "gpu_layers": "all" if gpu else "0",
         "gpu_layers_draft": "all" if gpu else "0",
-        "headroom_mib": kit_module_utils("preflight_memory").memory_headroom_mib("auto", on_gpu=gpu),
+        "headroom_mib": kit_module_utils("preflight.memory").memory_headroom_mib("auto", on_gpu=gpu),
     }
     result = server_preflight.preflight(models / TARGET, models / DRAFTER, settings, budget_mib)
     return {

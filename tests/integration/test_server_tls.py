@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible.module_utils.llama_server_api import Endpoint, ServerApiError, complete, health
+from ansible.module_utils.llama_server.api import Endpoint, ServerApiError, complete, health
 
 from tests.support import REPO, exec_start_argv, own_cache, recap, rig_suite, run, wait_for_image_build
 

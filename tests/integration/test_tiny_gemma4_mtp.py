@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 import yaml
 from ansible.module_utils.bench_workload import request_body
-from ansible.module_utils.llama_server_api import (
+from ansible.module_utils.llama_server.api import (
     Endpoint,
     ServerApiError,
     complete,

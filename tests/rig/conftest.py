@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible.module_utils.llama_server.paths import container_name, tls_cert_path, unit_name
 from ansible.module_utils.net_address import serves_tls
-from ansible.module_utils.server_paths import container_name, tls_cert_path, unit_name
 
 from tests.support import REPO, plain
 

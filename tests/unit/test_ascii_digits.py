@@ -19,7 +19,7 @@ from ansible.module_utils.fetch_http import raise_for_status
 from ansible.module_utils.fetch_transfer import Transfer
 from ansible.module_utils.gpu_offload import model_loads, parse_compute_apps
 from ansible.module_utils.nvidia_kernels import version_key
-from ansible.module_utils.preflight_memory import _tensor_layer
+from ansible.module_utils.preflight.memory import _tensor_layer
 from ansible.module_utils.rig_deployed import server_settings
 
 from rigkit.http_range import wanted_range

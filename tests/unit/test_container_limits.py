@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.gguf_metadata import read_gguf_metadata
-from ansible.module_utils.preflight_memory import memory_headroom_mib
-from ansible.module_utils.server_preflight import (
+from ansible.module_utils.preflight.memory import memory_headroom_mib
+from ansible.module_utils.preflight.server import (
     MIB,
     check_container_memory,
     container_memory_limit_mib,

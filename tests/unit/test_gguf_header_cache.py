@@ -10,7 +10,7 @@ import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansibl
 
 # isort: split
 from ansible.module_utils.gguf_metadata import read_gguf_metadata
-from ansible.module_utils.server_preflight import preflight
+from ansible.module_utils.preflight.server import preflight
 
 from rigkit.gguf_header_cache import cached_reader, to_json
 from rigkit.sandbox.tiny_gemma4 import write_pair

@@ -42,7 +42,7 @@ def test_the_role_and_the_controller_use_the_one_definition():
         r"^__llama_server_loopback: \"\{\{ llama_server_host \| rigkit_is_loopback \}\}\"$", role_vars, re.M
     )
     # no second list of loopback names anywhere in the product
-    for path in [*REPO.glob("roles/*/vars/*.yml"), *REPO.glob("rigkit/**/*.py"), *REPO.glob("module_utils/*.py")]:
+    for path in [*REPO.glob("roles/*/vars/*.yml"), *REPO.glob("rigkit/**/*.py"), *REPO.glob("module_utils/**/*.py")]:
         assert "['127.0.0.1', '::1', 'localhost']" not in path.read_text(), path
 
 

@@ -1,4 +1,4 @@
-"""The preflight's memory budget and headroom: auto or MiB, one rule (module_utils/preflight_memory.py) that the
+"""The preflight's memory budget and headroom: auto or MiB, one rule (module_utils/preflight/memory.py) that the
 llama_server role's filters, the controller preflight, the validation and make discover all apply."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
-from ansible.module_utils.preflight_memory import (
+from ansible.module_utils.preflight.memory import (
     AUTO_HEADROOM_MIB,
     BUDGET_VARIABLE,
     HEADROOM_VARIABLE,

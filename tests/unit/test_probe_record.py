@@ -1,4 +1,4 @@
-"""The canary record (module_utils/llama_server_unit.py): the no-op converge reuses the figures of the canary the
+"""The canary record (module_utils/llama_server/unit.py): the no-op converge reuses the figures of the canary the
 server passed since it last started, and sends a new canary whenever that cannot be shown (another run, no or a
 bad file)."""
 
@@ -23,12 +23,12 @@ FIGURES = {
 
 @pytest.fixture(scope="module")
 def probe() -> ModuleType:
-    """module_utils/llama_server_unit.py, where llama_server_probe and rig_converged's fast path read the record."""
-    from ansible.module_utils import llama_server_unit
+    """module_utils/llama_server/unit.py, where llama_server_probe and rig_converged's fast path read the record."""
+    from ansible.module_utils.llama_server import unit
 
     import rigkit  # noqa: F401  (it makes module_utils/ importable as ansible.module_utils)
 
-    return llama_server_unit
+    return unit
 
 
 def test_the_figures_of_this_run_of_the_unit_come_back(probe: ModuleType, tmp_path: Path) -> None:

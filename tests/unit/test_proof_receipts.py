@@ -34,9 +34,9 @@ def copy_inputs(item: proofs.Proof, root: Path) -> None:
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / relative, root / relative)
     for relative in ("library", "filter_plugins", "module_utils"):
-        for path in (REPO / relative).glob("*.py"):
-            (root / relative).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, root / relative / path.name)
+        for path in (REPO / relative).rglob("*.py"):
+            (root / path.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, root / path.relative_to(REPO))
     (root / "reports" / "proofs").mkdir(parents=True)
 
 
@@ -58,6 +58,38 @@ def test_the_dkms_proofs_inputs_are_the_role_its_scenario_and_the_code_it_runs()
     assert "roles/nvidia_driver/molecule/default/molecule.yml" not in files
     assert not any(name.endswith(".md") for name in files)
     assert "library/gguf_fetch.py" not in files and "module_utils/fetch_http.py" not in files
+
+
+def test_each_debian_releases_dkms_proof_has_its_own_scenario_and_rig_image():
+    trixie = proofs.input_files(proofs.proof("nvidia-driver-dkms-debian13"))
+    assert {
+        "roles/nvidia_driver/molecule/dkms-trixie/molecule.yml",
+        "roles/nvidia_driver/molecule/dkms-trixie/create.yml",
+        "playbooks/molecule/create.yml",
+        "roles/container_harness/defaults/main.yml",
+    } <= set(trixie)
+    assert not any("/molecule/dkms/" in name for name in trixie)
+    assert not any("/molecule/dkms-trixie/" in name for name in proofs.input_files(DKMS))
+
+
+def test_the_code_closure_follows_imports_into_module_utils_packages(tmp_path):
+    """``from ansible.module_utils.pkg.mod import x`` counts pkg/__init__.py and pkg/mod.py, and what mod imports."""
+    (tmp_path / "library").mkdir()
+    (tmp_path / "filter_plugins").mkdir()
+    package = tmp_path / "module_utils" / "pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text("from ansible.module_utils.plain import y\n")
+    (tmp_path / "module_utils" / "plain.py").write_text("y = 1\n")
+    (tmp_path / "module_utils" / "unused.py").write_text("z = 1\n")
+    role = tmp_path / "roles" / "r" / "files"
+    role.mkdir(parents=True)
+    (role / "script.py").write_text("from ansible.module_utils.pkg.mod import x\n")
+    assert proofs._code_closure(tmp_path, ["roles/r/files/script.py"]) == {
+        "module_utils/pkg/__init__.py",
+        "module_utils/pkg/mod.py",
+        "module_utils/plain.py",
+    }
 
 
 def test_changing_a_pinned_input_makes_the_receipt_stale_and_names_the_target(tmp_path):
@@ -123,6 +155,7 @@ def test_a_missing_or_unreadable_receipt_names_the_target(tmp_path):
 def test_proof_scenarios_are_left_out_of_make_tests_molecule_runs():
     from tests.integration import test_molecule
 
-    assert ("nvidia_driver", "dkms") in proofs.PROOF_SCENARIOS
-    assert ("nvidia_driver", "dkms") not in test_molecule.SCENARIOS
+    for scenario in ("dkms", "dkms-trixie"):
+        assert ("nvidia_driver", scenario) in proofs.PROOF_SCENARIOS
+        assert ("nvidia_driver", scenario) not in test_molecule.SCENARIOS
     assert ("nvidia_driver", "default") in test_molecule.SCENARIOS

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.gguf_metadata import read_gguf_metadata
-from ansible.module_utils.preflight_memory import memory_headroom_mib
-from ansible.module_utils.server_preflight import MIB, estimate_memory
+from ansible.module_utils.preflight.memory import memory_headroom_mib
+from ansible.module_utils.preflight.server import MIB, estimate_memory
 
 from rigkit.rig_discovery import (
     Unsafe,
@@ -207,7 +207,7 @@ def test_the_context_comment_shows_the_estimate_and_where_it_came_from() -> None
 
 # ------------------------------------------------------------------------------------------ memory model
 def test_catalog_shapes_estimate_like_the_header_only_gguf_files(tmp_path: Path) -> None:
-    """The catalog's shape facts feed server_preflight the same numbers as a GGUF header of that shape."""
+    """The catalog's shape facts feed the preflight the same numbers as a GGUF header of that shape."""
     target = read_gguf_metadata(gemma4_header(tmp_path / "e2b.gguf", **E2B), read_tensors=True)
     drafter = read_gguf_metadata(assistant_header(tmp_path / "d.gguf", out=1536, n_head_kv=1), read_tensors=True)
     from_catalog = (

@@ -21,6 +21,7 @@ import yaml
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
 # isort: split
+from ansible.module_utils.llama_server.config import problem, serving
 from ansible.module_utils.rig_state import (
     SMALL_FILE,
     compare,
@@ -32,7 +33,6 @@ from ansible.module_utils.rig_state import (
     units,
     write_record,
 )
-from ansible.module_utils.server_config import problem, serving
 
 from rigkit.rig_inputs import code_digest, input_names, inputs_digest, lock_digest
 from tests.support import REPO, run_module

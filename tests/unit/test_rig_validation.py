@@ -646,7 +646,7 @@ def test_the_kits_own_rigs_have_no_problem(host_file, group):
 
 def test_cache_type_choices_are_llama_cpps_list():
     """The spec's choices are the one list; they must be what the preflight's memory model knows."""
-    from ansible.module_utils.server_preflight import CACHE_TYPES
+    from ansible.module_utils.preflight.server import CACHE_TYPES
 
     from rigkit.rig_validate import load_specs
 
@@ -766,7 +766,7 @@ def test_context_beyond_the_catalogs_trained_context_is_refused():
 )
 def test_memory_budget_and_headroom_are_auto_or_mib(variable, value, accepted):
     """auto (the role's default) and a number of MiB pass; anything else is refused by the rule the role applies
-    (module_utils/preflight_memory.py), naming the file, the variable, the value and what is accepted."""
+    (module_utils/preflight/memory.py), naming the file, the variable, the value and what is accepted."""
     from rigkit.inventory_files import Sources, show
     from rigkit.rig_validate import load_specs, rig_problems
 

@@ -1,4 +1,4 @@
-"""module_utils/server_preflight.py and library/llama_server_preflight.py against real GGUF files: the tiny
+"""module_utils/preflight/server.py and library/llama_server_preflight.py against real GGUF files: the tiny
 gemma4 pair (and a mismatched drafter), the real Gemma 3 270M, and header-only GGUFs shaped like Gemma 4
 E2B/E4B and their drafters.
 
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ansible.module_utils.gguf_metadata import read_gguf_metadata
-from ansible.module_utils.server_preflight import (
+from ansible.module_utils.preflight.server import (
     MIB,
     PreflightError,
     check_context,

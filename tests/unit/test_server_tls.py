@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.module_utils.llama_server_api import Endpoint, ServerApiError, health
+from ansible.module_utils.llama_server.api import Endpoint, ServerApiError, health
 from ansible.module_utils.tls_cert import (
     certificate_sans,
     expires_within,

@@ -1,6 +1,6 @@
 """Model shapes for the server preflight: what a GGUF header says about layers, heads, windows and KV.
 
-One part of the preflight (module_utils/server_preflight.py is its entry point and describes the memory model);
+One part of the preflight (module_utils/preflight/server.py is its entry point and describes the memory model);
 standard library only: it runs on rigs.
 """
 

@@ -1,7 +1,7 @@
 """Decide, from the GGUF headers alone, whether a llama-server configuration can start on a rig.
 
-The entry point of the preflight, split by job: module_utils/preflight_shape.py (what the header says),
-preflight_memory.py (the memory model below), preflight_checks.py (pairing, context, fit); this file adds the
+The entry point of the preflight, split by job: module_utils/preflight/shape.py (what the header says),
+memory.py (the memory model below), checks.py (pairing, context, fit); this file adds the
 container limit and ties them together.
 
 Pure logic on top of module_utils/gguf_metadata.py (standard library only: it runs on rigs). Nothing here
@@ -58,17 +58,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ansible.module_utils.gguf_metadata import GgufError, GgufMetadata, read_gguf_metadata
-from ansible.module_utils.preflight_checks import (
+from ansible.module_utils.preflight.checks import (
     check_context,
     check_fit,
     check_pairing,
     largest_fitting_ctx,
 )
-from ansible.module_utils.preflight_memory import (
+from ansible.module_utils.preflight.memory import (
     MemoryEstimate,
     estimate_memory,
 )
-from ansible.module_utils.preflight_shape import (
+from ansible.module_utils.preflight.shape import (
     CACHE_TYPES,
     DEFAULT_HEADROOM_MIB,
     DEFAULT_UBATCH,

@@ -6,11 +6,11 @@ Each problem is one self-contained sentence naming the host variable to change.
 from __future__ import annotations
 
 from ansible.module_utils.gguf_metadata import GgufError, GgufMetadata
-from ansible.module_utils.preflight_memory import (
+from ansible.module_utils.preflight.memory import (
     MemoryEstimate,
     _check_choice,
 )
-from ansible.module_utils.preflight_shape import (
+from ansible.module_utils.preflight.shape import (
     CACHE_TYPES,
     KNOWN_WIDTHS,
     MIB,

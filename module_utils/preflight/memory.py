@@ -1,6 +1,6 @@
 """The server preflight's memory model: weights per device, the KV cache, attention scratch, the estimate.
 
-The rules, and the llama.cpp code they follow, are described at the top of module_utils/server_preflight.py.
+The rules, and the llama.cpp code they follow, are described at the top of module_utils/preflight/server.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ansible.module_utils.gguf_metadata import GgufMetadata
-from ansible.module_utils.preflight_shape import (
+from ansible.module_utils.preflight.shape import (
     CACHE_TYPES,
     DEFAULT_HEADROOM_MIB,
     DEFAULT_UBATCH,

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from ansible.module_utils.llama_server_api import Endpoint, wait_ready
+from ansible.module_utils.llama_server.api import Endpoint, wait_ready
 from ansible.module_utils.rig_command import run
 
 RECORDED = ("draft_n", "draft_n_accepted", "acceptance", "predicted_per_second", "speculative", "build_info")
