@@ -76,14 +76,10 @@ def _resolved(rigs: list[str], hostvars: Mapping[str, Any], host: str, rigs_vari
 
 
 def _plan(
-    values: dict[str, dict[str, Any]], hostvars: Mapping[str, Any], host: str, shares_network: Any, **wording: str
+    values: dict[str, dict[str, Any]], hostvars: Mapping[str, Any], host: str, shares_network: bool, **wording: str
 ) -> dict[str, Any]:
     return plan(
-        values,
-        hostvars[host].get("model_catalog") or {},
-        shares_network=boolean(shares_network, strict=False),
-        gateway=host,
-        **wording,
+        values, hostvars[host].get("model_catalog") or {}, shares_network=shares_network, gateway=host, **wording
     )
 
 
@@ -92,7 +88,7 @@ def fleet_gateway_plan(
 ) -> dict[str, Any]:
     """What the gateway on host ``gateway`` reaches of each rig of fleet_gateway_rigs (rigkit.fleet_gateway)."""
     values = _resolved(rigs, hostvars, gateway, "fleet_gateway_rigs")
-    return _plan(values, hostvars, gateway, shares_network, default_alias=default_alias)
+    return _plan(values, hostvars, gateway, boolean(shares_network, strict=False), default_alias=default_alias)
 
 
 def fleet_monitor_plan(
@@ -103,11 +99,12 @@ def fleet_monitor_plan(
     from ansible.module_utils.rig_lock import LockError, read_lock
 
     values = _resolved(rigs, hostvars, host, "fleet_monitor_rigs")
-    planned = _plan(values, hostvars, host, shares_network, service="Prometheus", rigs_variable="fleet_monitor_rigs")
+    shared = boolean(shares_network, strict=False)
+    planned = _plan(values, hostvars, host, shared, service="Prometheus", rigs_variable="fleet_monitor_rigs")
     # A node exporter Prometheus cannot reach leaves that rig's server scraped and its node facts out, said aloud.
     nodes, unscraped = [], []
     for rig in sorted(values):
-        node, why = node_target(rig, values[rig], shares_network=boolean(shares_network, strict=False), host=host)
+        node, why = node_target(rig, values[rig], shares_network=shared, host=host)
         unscraped += why
         if node is not None:
             nodes.append(node)

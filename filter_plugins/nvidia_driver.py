@@ -10,7 +10,13 @@ from ansible.errors import AnsibleFilterError
 import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansible.module_utils)
 
 # isort: split
-from ansible.module_utils.nvidia_compat import cuda_repo_key, gpu_identity_problem, open_modules_problem
+from ansible.module_utils.nvidia_compat import (
+    branch_build,
+    cuda_repo_key,
+    driver_version_problem,
+    gpu_identity_problem,
+    open_modules_problem,
+)
 from ansible.module_utils.nvidia_kernels import headers_metapackages
 
 
@@ -35,6 +41,19 @@ def _open_modules_problem(modules: Any, branch: Any, rig_gpu: Any) -> str:
     return open_modules_problem(branch, rig_gpu.get("name"), rig_gpu.get("compute_capability")) or ""
 
 
+def _driver_version_problem(version: Any, source: Any, branch: Any) -> str:
+    """'' when nvidia_driver_version can pin the driver from this source and branch, else why not."""
+    return driver_version_problem(source, str(branch), version) or ""
+
+
+def _branch_build(policy: Any, branch: Any, package: Any) -> str:
+    """`apt-cache policy PACKAGE` -> the followed branch's upstream version to pin (installed, else candidate)."""
+    try:
+        return branch_build(str(policy), str(branch), str(package))
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -42,4 +61,6 @@ class FilterModule:
             "nvidia_gpu_identity_problem": _gpu_identity_problem,
             "nvidia_open_modules_problem": _open_modules_problem,
             "nvidia_cuda_repo_key": cuda_repo_key,
+            "nvidia_driver_version_problem": _driver_version_problem,
+            "nvidia_branch_build": _branch_build,
         }

@@ -29,7 +29,7 @@ attributes:
     support: none
 options:
   version:
-    description: The driver's exact upstream version (nvidia_driver_version), which the module must report.
+    description: The driver's version the role pins (nvidia_driver_version or the branch's build).
     type: str
     required: true
   require_signed:

@@ -35,9 +35,14 @@ DRIVER_PINS: dict[tuple[str, str], DriverPin] = {
     ("debian", "13"): DriverPin(
         "550", "550.163.01", "proprietary", "Debian 13's non-free (the 550 whose module builds on 6.12.118)"
     ),
-    ("ubuntu", "22.04"): DriverPin("580", "580.95.05", "open", "Canonical's -server packages (restricted), 580"),
-    ("ubuntu", "24.04"): DriverPin("580", "580.95.05", "open", "Canonical's -server packages (restricted), 580"),
+    ("ubuntu", "22.04"): DriverPin("580", "", "open", "Canonical's -server packages (restricted), 580"),
+    ("ubuntu", "24.04"): DriverPin("580", "", "open", "Canonical's -server packages (restricted), 580"),
 }
+
+# nvidia_driver_version: an exact upstream version, or "" (distribution packages only) to follow the branch.
+DRIVER_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?\Z")
+# `apt-cache policy PACKAGE`'s two lines that matter.
+_POLICY_LINE_RE = re.compile(r"^\s*(Installed|Candidate):\s*(\S+)\s*$", re.MULTILINE)
 
 # Open kernel modules: Turing (7.5) and newer; on GeForce and workstation cards only from branch 545 (before
 # it the open nvidia.ko refuses them unless NVreg_OpenRmEnableUnsupportedGpus=1: "only ready for use on Data
@@ -97,6 +102,45 @@ def open_modules_problem(branch: Any, gpu_name: Any, capability: Any) -> str | N
             f"{OPEN_MODULES_GEFORCE_MIN_BRANCH}"
         )
     return None
+
+
+def driver_version_problem(source: Any, branch: Any, version: Any) -> str | None:
+    """Why nvidia_driver_version cannot pin the driver, or None. "" follows the branch: the build installed on the
+    rig, else the archive's newest at the first install (Ubuntu's archive keeps only that one); the build is then
+    pinned, held and recorded in the lock. NVIDIA's repository keeps every build: there the pin is exact."""
+    if version == "":
+        if source == "distro":
+            return None
+        return (
+            'expected an exact driver version: "" (follow the branch) is for nvidia_driver_source: distro; '
+            "NVIDIA's repository keeps every build, pin one"
+        )
+    if not isinstance(version, str) or not DRIVER_VERSION_RE.fullmatch(version):
+        return 'expected an exact driver version such as 535.309.01, or "" to follow the branch (distro packages)'
+    if isinstance(branch, str) and version.split(".")[0] != branch:
+        return f"expected a version of nvidia_driver_branch {branch} ({branch}.x.y); change one of the two"
+    return None
+
+
+def upstream_version(package_version: str) -> str:
+    """'1:580.95.05-0ubuntu0.24.04.2' -> '580.95.05': the driver's own version, without epoch and revision."""
+    return package_version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def branch_build(policy: str, branch: str, package: str) -> str:
+    """The upstream version to pin when following ``branch``, from ``apt-cache policy PACKAGE``: the build installed
+    here when it is of the branch (a rig never moves on its own), else the archive's candidate. ValueError names
+    what is missing."""
+    lines = dict(_POLICY_LINE_RE.findall(policy))
+    for field in ("Installed", "Candidate"):
+        value = lines.get(field, "(none)")
+        if value != "(none)" and upstream_version(value).split(".")[0] == str(branch):
+            return upstream_version(value)
+    raise ValueError(
+        f"apt has no build of NVIDIA branch {branch} for {package} (installed {lines.get('Installed', '(none)')}, "
+        f"candidate {lines.get('Candidate', '(none)')}): check the rig's apt sources (Ubuntu: restricted enabled), "
+        "or set an exact nvidia_driver_version"
+    )
 
 
 def normalise_gpu_name(name: Any) -> str:

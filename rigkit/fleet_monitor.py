@@ -283,17 +283,15 @@ def alert_rules(
     "bench_tps": float|None, "drafts": bool, "gpu": bool}}."""
     window = f"{window_s}s"
     rules: list[dict[str, Any]] = [
-        {
-            "alert": "LlamaServerDown",
-            "expr": 'up{service="llama-server"} == 0',
-            "for": f"{down_for_s}s",
-            "labels": {"severity": "critical"},
-            "annotations": {
-                "summary": "llama-server on {{ $labels.rig }} does not answer",
-                "description": f"Prometheus could not scrape {{{{ $labels.instance }}}} for {down_for_s} s: "
-                "check `make status host={{ $labels.rig }}`.",
-            },
-        },
+        _rule(
+            "LlamaServerDown",
+            'up{service="llama-server"} == 0',
+            down_for_s,
+            "critical",
+            "llama-server on {{ $labels.rig }} does not answer",
+            f"Prometheus could not scrape {{{{ $labels.instance }}}} for {down_for_s} s: "
+            "check `make status host={{ $labels.rig }}`.",
+        ),
         _rule(
             "NodeExporterDown",
             'up{service="node"} == 0',
@@ -313,38 +311,34 @@ def alert_rules(
     for rig, facts in sorted(rigs.items()):
         acceptance = facts.get("min_acceptance")
         if facts.get("drafts") and acceptance is not None:
+            # the expression already spans the window: it fires as soon as the window's ratio is low
             rules.append(
-                {
-                    "alert": "DraftAcceptanceLow",
-                    "expr": (
-                        f'sum by (rig) (increase({ACCEPTED}{{rig="{rig}"}}[{window}])) '
-                        f'/ sum by (rig) (increase({DRAFTED}{{rig="{rig}"}}[{window}])) < {float(acceptance)}'
-                    ),
-                    "labels": {"severity": "warning", "rig": rig},
-                    "annotations": {
-                        "summary": f"{rig}: draft acceptance below its expected {float(acceptance)}",
-                        "description": f"Accepted / drafted tokens over the last {window} fell below "
-                        f"rig_expected_min_acceptance: bench the drafter (`make bench host={rig}`).",
-                    },
-                }
+                _rule(
+                    "DraftAcceptanceLow",
+                    f'sum by (rig) (increase({ACCEPTED}{{rig="{rig}"}}[{window}])) '
+                    f'/ sum by (rig) (increase({DRAFTED}{{rig="{rig}"}}[{window}])) < {float(acceptance)}',
+                    0,
+                    "warning",
+                    f"{rig}: draft acceptance below its expected {float(acceptance)}",
+                    f"Accepted / drafted tokens over the last {window} fell below rig_expected_min_acceptance: "
+                    f"bench the drafter (`make bench host={rig}`).",
+                    rig=rig,
+                )
             )
         bench = facts.get("bench_tps")
         if bench:
             floor = round(float(bench) * decode_fraction, 2)
             rules.append(
-                {
-                    "alert": "DecodeRateLow",
-                    "expr": (
-                        f'sum by (rig) (increase({PREDICTED}{{rig="{rig}"}}[{window}])) '
-                        f'/ sum by (rig) (increase({PREDICTED_SECONDS}{{rig="{rig}"}}[{window}])) < {floor}'
-                    ),
-                    "labels": {"severity": "warning", "rig": rig},
-                    "annotations": {
-                        "summary": f"{rig}: decoding below {decode_fraction:.0%} of its latest bench "
-                        f"({bench:.1f} tok/s)",
-                        "description": f"Generated tokens per second over the last {window} fell below {floor}.",
-                    },
-                }
+                _rule(
+                    "DecodeRateLow",
+                    f'sum by (rig) (increase({PREDICTED}{{rig="{rig}"}}[{window}])) '
+                    f'/ sum by (rig) (increase({PREDICTED_SECONDS}{{rig="{rig}"}}[{window}])) < {floor}',
+                    0,
+                    "warning",
+                    f"{rig}: decoding below {decode_fraction:.0%} of its latest bench ({bench:.1f} tok/s)",
+                    f"Generated tokens per second over the last {window} fell below {floor}.",
+                    rig=rig,
+                )
             )
     return {"groups": [{"name": "rigkit", "rules": rules}]}
 

@@ -251,6 +251,11 @@ def plan_profile(
             f"NVIDIA driver: {driver_source} ({facts.os_pretty}, roles/nvidia_driver README); it serves compute "
             f"capability {gpu.compute_capability} and the image's CUDA 12 runtime (>= 535). An upgrade is a change "
             "of these two lines"
+        ) + (
+            "; the version is empty: this archive keeps only the branch's newest build, so the branch is the pin and "
+            "the build installed at the first provision is held and recorded in inventory/lock.yml"
+            if not version
+            else ""
         )
         modules = pin.kernel_modules
         why = f"{driver_source}: proprietary" if modules == "proprietary" else f"{driver_source}: open"

@@ -28,7 +28,7 @@ from ansible.module_utils.llama_server.args import extra_args_problems, managed_
 from ansible.module_utils.model_catalog import CATALOG_PATH, CatalogError, deployable_entry, host_pin_refusal
 from ansible.module_utils.net_address import is_loopback, serves_tls
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks
-from ansible.module_utils.nvidia_compat import pci_device_id
+from ansible.module_utils.nvidia_compat import driver_version_problem, pci_device_id
 from ansible.module_utils.preflight.memory import MEMORY_SETTINGS, MemorySettingError, auto_or_mib
 
 import rigkit
@@ -39,7 +39,6 @@ from rigkit.rig_variables import (
     COMMIT_RE,
     COMPUTE_CAPABILITY_RE,
     CUDA_ARCHITECTURES_RE,
-    DRIVER_VERSION_RE,
     ENTRY_POINTS,
     GPU_LAYER_VARIABLES,
     KIT_VARIABLES,
@@ -408,15 +407,13 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
         report.add("llama_server_spec_draft_n_min", n_min, f"expected at most llama_server_spec_draft_n_max ({n_max})")
     if values.get("rig_kind") == "gpu" and "rig_gpu" in values:
         _check_rig_gpu(report, values["rig_gpu"])
-    branch, version = values.get("nvidia_driver_branch"), values.get("nvidia_driver_version")
-    if isinstance(version, str) and not DRIVER_VERSION_RE.fullmatch(version):
-        report.add("nvidia_driver_version", version, "expected an exact driver version such as 535.261.03")
-    elif isinstance(version, str) and isinstance(branch, str) and version.split(".")[0] != branch:
-        report.add(
-            "nvidia_driver_version",
-            version,
-            f"expected a version of nvidia_driver_branch {branch} ({branch}.x.y); change one of the two",
+    version = values.get("nvidia_driver_version")
+    if isinstance(version, str) and (
+        why := driver_version_problem(
+            values.get("nvidia_driver_source", "distro"), values.get("nvidia_driver_branch"), version
         )
+    ):
+        report.add("nvidia_driver_version", version, why)
     host = values.get("llama_server_host")
     if isinstance(host, str) and not is_loopback(host) and not values.get("llama_server_api_key"):
         report.add(

@@ -116,7 +116,6 @@ COMPUTE_CAPABILITY_RE = re.compile(r"^[0-9]+\.[0-9]\Z")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 CUDA_ARCHITECTURES_RE = re.compile(r"^[0-9]+(-real|-virtual)?(;[0-9]+(-real|-virtual)?)*\Z")
-DRIVER_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?\Z")
 
 # Integer ranges the specs' types cannot say: (lowest, highest or None, what is accepted). The preflight's budget and
 # headroom (auto or MiB) have theirs with their auto rule, in module_utils/preflight/memory.py MEMORY_SETTINGS.

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import pytest
+from ansible.module_utils import nvidia_compat
 from ansible.module_utils.model_catalog import REPO_RE, REVISION_RE, catalog_problems, entry_problems
 from ansible.module_utils.nft_allowlist import AllowListError, table_name
 
@@ -35,7 +36,7 @@ def _report() -> Report:
         rig_variables.COMMIT_RE,
         rig_variables.SHA256_RE,
         rig_variables.CUDA_ARCHITECTURES_RE,
-        rig_variables.DRIVER_VERSION_RE,
+        nvidia_compat.DRIVER_VERSION_RE,
         rig_variables.LOG_SIZE_RE,
         hf_api.SHA256_RE,
         REVISION_RE,

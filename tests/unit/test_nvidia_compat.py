@@ -7,7 +7,9 @@ import yaml
 from ansible.module_utils.nvidia_compat import (
     CUDA_REPO_KEYS,
     DRIVER_PINS,
+    branch_build,
     cuda_repo_key,
+    driver_version_problem,
     gpu_identity_problem,
     normalise_gpu_name,
     open_modules_problem,
@@ -97,5 +99,56 @@ def test_every_pin_is_buildable_with_its_flavour():
         ("ubuntu", "22.04"): "open",
         ("ubuntu", "24.04"): "open",
     }
-    for pin in DRIVER_PINS.values():
-        assert pin.version.split(".")[0] == pin.branch
+    for (os_id, _), pin in DRIVER_PINS.items():
+        # Debian pins an exact build (proven by the DKMS receipts); Ubuntu keeps only a branch's newest: the branch
+        assert pin.version.split(".")[0] == pin.branch if os_id == "debian" else pin.version == ""
+        assert driver_version_problem("distro", pin.branch, pin.version) is None
+
+
+@pytest.mark.parametrize(
+    ("source", "branch", "version", "expected"),
+    [
+        ("distro", "580", "", None),
+        ("nvidia", "580", "", "is for nvidia_driver_source: distro"),
+        ("distro", "535", "535.309.01", None),
+        ("distro", "535", "550.163.01", "expected a version of nvidia_driver_branch 535"),
+        ("distro", "535", "latest", "expected an exact driver version"),
+        ("distro", "535", "535.309.01\n", "expected an exact driver version"),
+        ("nvidia", "590", 590, "expected an exact driver version"),
+    ],
+)
+def test_the_driver_version_rule(source, branch, version, expected):
+    problem = driver_version_problem(source, branch, version)
+    assert problem is None if expected is None else expected in problem
+
+
+# `apt-cache policy` as apt 2.x prints it (the Installed/Candidate lines are what the role reads).
+UBUNTU_POLICY = """nvidia-headless-580-server-open:
+  Installed: {installed}
+  Candidate: 580.105.08-0ubuntu0.24.04.1
+  Version table:
+     580.105.08-0ubuntu0.24.04.1 500
+        500 http://archive.ubuntu.com/ubuntu noble-updates/restricted amd64 Packages
+"""
+
+
+def test_a_followed_branch_keeps_the_build_installed_on_the_rig():
+    policy = UBUNTU_POLICY.format(installed="580.95.05-0ubuntu0.24.04.2")
+    assert branch_build(policy, "580", "nvidia-headless-580-server-open") == "580.95.05"
+
+
+def test_a_followed_branch_takes_the_archives_newest_on_a_new_rig():
+    policy = UBUNTU_POLICY.format(installed="(none)")
+    assert branch_build(policy, "580", "nvidia-headless-580-server-open") == "580.105.08"
+    # Debian's revision and an epoch are not part of the driver's version
+    debian = "nvidia-smi:\n  Installed: (none)\n  Candidate: 1:535.309.01-0+deb12u1\n"
+    assert branch_build(debian, "535", "nvidia-smi") == "535.309.01"
+
+
+def test_a_branch_apt_does_not_have_is_named_with_what_apt_said():
+    with pytest.raises(ValueError) as caught:
+        branch_build("nvidia-smi:\n  Installed: (none)\n  Candidate: (none)\n", "580", "nvidia-smi")
+    assert "no build of NVIDIA branch 580 for nvidia-smi (installed (none), candidate (none))" in str(caught.value)
+    # another branch's build is not this branch's
+    with pytest.raises(ValueError):
+        branch_build("x:\n  Installed: 550.163.01-2\n  Candidate: 550.163.01-2\n", "580", "x")

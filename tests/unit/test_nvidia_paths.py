@@ -196,6 +196,8 @@ EXPECTED = {
     ],
     "ubuntu2404": [
         (case("distro", "580", V580), pinned(V580, "nvidia-driver-580-server-open"), []),
+        # the branch as the pin: the rig's apt names the build (tasks/setup-Debian.yml), the plan names packages
+        (case("distro", "580", "", headless=True), ["nvidia-headless-580-server-open", "nvidia-utils-580-server"], []),
         (
             case("distro", "580", V580, headless=True),
             pinned(V580, "nvidia-headless-580-server-open", "nvidia-utils-580-server"),
@@ -297,12 +299,20 @@ def test_driver_holds_every_driver_package(driver_plans):
         ("debian12", case("distro", "580", V580)),  # bookworm's non-free carries 535 only
         ("debian13", case("distro", "535", V535)),  # trixie's carries 550
         ("ubuntu2404", case("distro", "580", V535)),  # the version is not of the branch
+        ("ubuntu2404", case("nvidia", "580", "")),  # NVIDIA's repository keeps every build: pin one
     ],
 )
 def test_driver_refuses_impossible_combinations(dist, bad):
     plans, output = resolve("nvidia_driver", FACTS[dist], [bad])
     assert plans == []
     assert "cannot install on" in output
+    if bad["version"] == "":
+        assert "is for nvidia_driver_source: distro" in output
+
+
+def test_a_followed_branch_says_where_its_build_comes_from(driver_plans):
+    plan = driver_plans["ubuntu2404"][1]
+    assert plan["apt_pin"] == "the build of branch 580 installed on the rig, else the archive's newest"
 
 
 GEFORCE = {"name": "NVIDIA GeForce GTX 1650 Ti", "compute_capability": "7.5", "vram_mib": 4096}
@@ -339,7 +349,8 @@ def test_every_driver_dependency_follows_the_pin(driver_plans):
     for dist, cases in EXPECTED.items():
         for (given, _, _), plan in zip(cases, driver_plans[dist], strict=True):
             by_package = given["source"] == "nvidia" and int(given["branch"]) >= 590
-            assert plan["apt_pin"] == ("" if by_package else f"{given['version']}-*"), (dist, given)
+            if given["version"]:  # a followed branch: the apt pin is named on the rig
+                assert plan["apt_pin"] == ("" if by_package else f"{given['version']}-*"), (dist, given)
 
 
 TOOLKIT_VERSION = "1.18.0"

@@ -105,7 +105,7 @@ MACHINES: dict[str, dict[str, Any]] = {
     "rtx3060": {
         "text": gathered("ubuntu2404", smi="NVIDIA GeForce RTX 3060, 12288, 8.6, 580.95.05, Yes"),
         "gpu": {"name": "NVIDIA GeForce RTX 3060", "vram_mib": 12288, "compute_capability": "8.6", "headless": False},
-        "driver": ("580", "580.95.05"),
+        "driver": ("580", ""),
         "target": "gemma-4-E4B-it-qat-q4_0-exact",
         "draft": 2,
     },
@@ -119,7 +119,7 @@ MACHINES: dict[str, dict[str, Any]] = {
     "rtx4090": {
         "text": gathered("ubuntu2204", smi="NVIDIA GeForce RTX 4090, 24564, 8.9, 580.95.05, Yes"),
         "gpu": {"name": "NVIDIA GeForce RTX 4090", "vram_mib": 24564, "compute_capability": "8.9", "headless": False},
-        "driver": ("580", "580.95.05"),
+        "driver": ("580", ""),
         "target": "gemma-4-E4B-it-qat-q4_0-exact",
         "draft": 2,
     },
