@@ -1,4 +1,4 @@
-"""Jinja filters for the drafter bench (logic in rigkit/bench_report.py)."""
+"""Jinja filters for the drafter bench (logic in rigkit/bench/report.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from rigkit.bench_report import ReportError, schedule
+from rigkit.bench.report import ReportError, schedule
 
 
 def _bench_schedule(draft_lengths: list[int], passes: int) -> list[dict[str, Any]]:

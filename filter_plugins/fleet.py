@@ -1,4 +1,4 @@
-"""Jinja filters for the fleet services (logic in rigkit/fleet_gateway.py and rigkit/fleet_monitor.py).
+"""Jinja filters for the fleet services (logic in rigkit/fleet/gateway.py and rigkit/fleet/monitor.py).
 
 ``fleet_gateway_rigs | fleet_gateway_plan(hostvars, gateway_host, shares_network)`` resolves each rig's server
 settings (its variables over the llama_server role's defaults) and returns the upstreams, the aliases and the
@@ -16,8 +16,8 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from rigkit import REPO
-from rigkit.fleet_gateway import models_list, plan
-from rigkit.fleet_monitor import (
+from rigkit.fleet.gateway import models_list, plan
+from rigkit.fleet.monitor import (
     QUERIES,
     alert_rules,
     bench_decode_rate,
@@ -27,7 +27,7 @@ from rigkit.fleet_monitor import (
     prometheus_config,
 )
 from rigkit.paths import lock_file
-from rigkit.rig_validate import plain_defaults
+from rigkit.validation.rules import plain_defaults
 
 ROLES_DIR = str(pathlib.Path(__file__).resolve().parent.parent / "roles")
 # What the plan reads of a rig: its server's bind, TLS, key and slots, its target, its address, its node exporter.
@@ -86,7 +86,7 @@ def _plan(
 def fleet_gateway_plan(
     rigs: list[str], hostvars: Mapping[str, Any], gateway: str, shares_network: Any = False, default_alias: str = ""
 ) -> dict[str, Any]:
-    """What the gateway on host ``gateway`` reaches of each rig of fleet_gateway_rigs (rigkit.fleet_gateway)."""
+    """What the gateway on host ``gateway`` reaches of each rig of fleet_gateway_rigs (rigkit.fleet.gateway)."""
     values = _resolved(rigs, hostvars, gateway, "fleet_gateway_rigs")
     return _plan(values, hostvars, gateway, boolean(shares_network, strict=False), default_alias=default_alias)
 

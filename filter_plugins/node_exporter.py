@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rigkit.fleet_monitor import node_exporter_port
-from rigkit.rig_validate import node_exporter_problems
+from rigkit.fleet.monitor import node_exporter_port
+from rigkit.validation.rules import node_exporter_problems
 
 
 def _problems(values: Mapping[str, Any]) -> list[str]:

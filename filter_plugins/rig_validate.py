@@ -1,4 +1,4 @@
-"""Jinja filters that validate a rig's description on the controller (logic in rigkit/rig_validate.py).
+"""Jinja filters that validate a rig's description on the controller (logic in rigkit/validation/rules.py).
 
 They run while the validation play templates its tasks: nothing connects to a rig.
 ``ansible_play_hosts | rig_fleet_validation(hostvars, ansible_inventory_sources)`` lists every problem of every rig
@@ -15,10 +15,10 @@ from typing import Any
 
 import jinja2
 
-from rigkit.controller_preflight import controller_preflight
-from rigkit.debian_archive import Archive
 from rigkit.inventory_files import Sources
-from rigkit.rig_validate import (
+from rigkit.validation.debian_archive import Archive
+from rigkit.validation.preflight import controller_preflight
+from rigkit.validation.rules import (
     Unresolved,
     archive_problems,
     load_specs,

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: put one model-catalog GGUF on disk, verified (module_utils/model_fetch.py does the work)."""
+"""Ansible module: put one model-catalog GGUF on disk, verified (module_utils/fetch/model.py does the work)."""
 
 from __future__ import annotations
 
@@ -222,7 +222,7 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
-from ansible.module_utils.model_fetch import (
+from ansible.module_utils.fetch.model import (
     DEFAULT_BASE_URL,
     DEFAULT_MIN_RATE,
     DEFAULT_RATE_WINDOW_S,

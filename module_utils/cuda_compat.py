@@ -1,7 +1,7 @@
 """Which CUDA runtime, driver branch and GPU go together (standard library only).
 
-The rules the controller applies before any rig is contacted (rigkit/rig_validate.py) and that `make plan`
-prints (rigkit/compat_plan.py): the image's CUDA runtime needs a minimum driver; the CUDA toolkit compiles for a
+The rules the controller applies before any rig is contacted (rigkit/validation/rules.py) and that `make plan`
+prints (rigkit/validation/compat.py): the image's CUDA runtime needs a minimum driver; the CUDA toolkit compiles for a
 range of compute capabilities; each driver branch supports a range of GPU generations; Blackwell needs the open
 kernel modules. The module flavour's GeForce rule lives beside the driver pins (module_utils/nvidia_compat.py).
 """

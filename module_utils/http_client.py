@@ -1,7 +1,7 @@
 """One HTTP client and one redirect policy for everything that talks to Hugging Face (or a mirror of it).
 
 Standard library only (it ships to rigs inside the fetch module). Used by model_fetch.py (the file download,
-streamed) and rigkit/hf_api.py (the JSON API). The policy, applied to every hop:
+streamed) and rigkit/pinning/hf_api.py (the JSON API). The policy, applied to every hop:
 
 * only ``https://``; plain ``http://`` only where ``allow_insecure_http`` marks a trusted local endpoint, and
   never as a redirect away from https (no downgrade, whatever the flag says);

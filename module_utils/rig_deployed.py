@@ -11,9 +11,9 @@ import re
 import time
 from typing import Any
 
+from ansible.module_utils.fetch.model import sha256_file, verified_record
 from ansible.module_utils.llama_server.api import Endpoint, ServerApiError, metrics
 from ansible.module_utils.llama_server.config import serving
-from ansible.module_utils.model_fetch import sha256_file, verified_record
 from ansible.module_utils.rig_command import run
 
 # What makes up the NVIDIA stack and the container engine on a rig (the lock pins their versions).

@@ -20,7 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ansible.module_utils.fetch_hash import sha256_file
+from ansible.module_utils.fetch.hash import sha256_file
 
 from rigkit import REPO
 from rigkit.paths import cache_dir

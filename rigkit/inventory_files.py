@@ -1,6 +1,6 @@
 """Which inventory file sets a rig's variable, and the YAML reading behind it (syntax errors as file:line:column).
 
-Used by the controller-side validation (rigkit/rig_validate.py, rigkit/controller_preflight.py) so every problem
+Used by the controller-side validation (rigkit/validation/rules.py, rigkit/validation/preflight.py) so every problem
 names the file to edit, and by ``rigkit inventory-syntax``.
 """
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rigkit import REPO
-from rigkit.rig_variables import CONTEXT_NAMES
+from rigkit.validation.variables import CONTEXT_NAMES
 
 CODE_DIRS = ("roles", "library", "module_utils", "filter_plugins", "callback_plugins", "playbooks", "docker")
 CODE_FILES = ("ansible.cfg", "requirements.txt")

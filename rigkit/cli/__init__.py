@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import argparse
 
-from rigkit import mirror_daemon
 from rigkit.cli import bench, cuda_standin, discover, fleet, fleet_graph, inventory, observe, pin, plan, proof
+from rigkit.mirror import daemon as mirror_daemon
 from rigkit.sandbox import hub
 
 

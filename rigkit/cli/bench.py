@@ -14,8 +14,8 @@ def bench_render(args: argparse.Namespace) -> int:
     """Raw steps (the bench role's JSON on stdin) -> <out>/<host>/<run id>.json (schema-checked) and .png."""
     import jsonschema
 
-    from rigkit.bench_plot import plot_report
-    from rigkit.bench_report import ReportError, build_report
+    from rigkit.bench.plot import plot_report
+    from rigkit.bench.report import ReportError, build_report
 
     raw = json.load(sys.stdin)
     try:
@@ -55,7 +55,7 @@ def bench_render(args: argparse.Namespace) -> int:
 
 
 def bench_report_table(args: argparse.Namespace) -> int:
-    from rigkit.bench_report import table_row
+    from rigkit.bench.report import table_row
 
     root = pathlib.Path(args.reports_dir)
     paths = sorted(root.glob(f"{args.host or '*'}/*.json"))
@@ -77,8 +77,8 @@ def bench_report_table(args: argparse.Namespace) -> int:
 
 
 def tune_host(args: argparse.Namespace) -> int:
-    from rigkit.bench_report import ReportError
-    from rigkit.bench_tune import latest_report, tune
+    from rigkit.bench.report import ReportError
+    from rigkit.bench.tune import latest_report, tune
 
     try:
         report = pathlib.Path(args.report) if args.report else latest_report(pathlib.Path(args.reports_dir), args.name)

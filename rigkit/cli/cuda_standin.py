@@ -8,18 +8,30 @@ import subprocess
 import sys
 
 
+def pick_base(tags: list[str], suite: str) -> str:
+    """The one rigkit/debian image of ``suite`` among the engine's tags (a salted test image, or a base of another
+    release such as a Molecule scenario's trixie, is not the stand-ins' base)."""
+    found = sorted(
+        tag for tag in tags if tag.startswith(f"rigkit/debian:{suite}-") and "-salt-" not in tag and tag.count("-") == 1
+    )
+    if not found:
+        raise LookupError(f"no rigkit/debian base image of {suite} in the engine: run `make harness` first")
+    if len(found) > 1:
+        raise LookupError(f"several base images ({', '.join(found)}): name one with --base-image")
+    return found[0]
+
+
 def harness_base_image() -> str:
-    """The kit's Debian base image as the container harness names it (make harness builds it)."""
+    """The kit's Debian base image of the harness's default release (make harness builds it)."""
+    from rigkit import REPO
+    from rigkit.validation.rules import plain_defaults
+
     done = subprocess.run(
         ["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "rigkit/debian"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    tags = sorted(line for line in done.stdout.splitlines() if "-salt-" not in line and line.count("-") == 1)
-    if done.returncode != 0 or not tags:
-        raise LookupError("no rigkit/debian base image in the engine: run `make harness` first")
-    if len(tags) > 1:
-        raise LookupError(f"several base images ({', '.join(tags)}): name one with --base-image")
-    return tags[0]
+    suite = plain_defaults(str(REPO / "roles"), "container_harness")["container_harness_debian_suite"]
+    return pick_base(done.stdout.splitlines() if done.returncode == 0 else [], suite)
 
 
 def run(args: argparse.Namespace) -> int:

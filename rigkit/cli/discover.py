@@ -18,7 +18,7 @@ DISCOVER_TIMEOUT_S = 60
 
 def gather(address: str, user: str | None) -> str:
     """Run the read-only gather script on the machine: `docker exec` for docker:CONTAINER, else SSH."""
-    from rigkit.rig_facts import GATHER_SCRIPT, DiscoverError
+    from rigkit.discovery.facts import GATHER_SCRIPT, DiscoverError
 
     if address.startswith("docker:"):
         container = address.split(":", 1)[1]
@@ -58,8 +58,8 @@ def discover(args: argparse.Namespace) -> int:
     import yaml
     from ansible.module_utils.atomic_file import write_atomic
 
-    from rigkit.rig_discovery import add_inventory_line, plan_profile, render_host_vars
-    from rigkit.rig_facts import DiscoverError, parse_gather
+    from rigkit.discovery.facts import DiscoverError, parse_gather
+    from rigkit.discovery.profile import add_inventory_line, plan_profile, render_host_vars
 
     inventory = pathlib.Path(args.inventory_dir)
     hosts_file, host_vars = inventory / "hosts.yml", inventory / "host_vars" / f"{args.name}.yml"
@@ -156,7 +156,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         if args.print_script:
-            from rigkit.rig_facts import GATHER_SCRIPT
+            from rigkit.discovery.facts import GATHER_SCRIPT
 
             print(GATHER_SCRIPT, end="")
             return 0

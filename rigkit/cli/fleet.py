@@ -23,7 +23,7 @@ def status(args: argparse.Namespace) -> int:
     import tempfile
 
     from rigkit.cli.plan import archive_notes
-    from rigkit.fleet_status import render, rows
+    from rigkit.fleet.status import render, rows
 
     with tempfile.TemporaryDirectory(prefix="rigkit-status-") as scratch:
         output = pathlib.Path(scratch) / "status.json"

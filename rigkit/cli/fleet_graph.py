@@ -22,8 +22,8 @@ import requests
 
 from rigkit import REPO
 from rigkit.cli.inventory import host_values, known_rigs
-from rigkit.fleet_monitor import GRAPHS
-from rigkit.rig_validate import plain_defaults
+from rigkit.fleet.monitor import GRAPHS
+from rigkit.validation.rules import plain_defaults
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 WINDOW = "1400,820"

@@ -12,8 +12,8 @@ from rigkit import REPO
 from ansible.module_utils.net_address import is_wildcard
 
 from rigkit.cli.inventory import host_values, known_rigs
-from rigkit.fleet_monitor import QUERIES
-from rigkit.rig_validate import plain_defaults
+from rigkit.fleet.monitor import QUERIES
+from rigkit.validation.rules import plain_defaults
 
 NAMES = (
     "ansible_connection",

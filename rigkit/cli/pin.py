@@ -1,4 +1,4 @@
-"""`rigkit pin` (make pin): pin catalog entries from the Hugging Face API (logic in rigkit/model_pin.py)."""
+"""`rigkit pin` (make pin): pin catalog entries from the Hugging Face API (logic in rigkit/pinning/models.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 from ansible.module_utils.printable import printable
 
 from rigkit.cli.inventory import host_values
-from rigkit.hf_api import DEFAULT_ENDPOINT
 from rigkit.paths import CATALOG
+from rigkit.pinning.hf_api import DEFAULT_ENDPOINT
 
 
 def host_model_names(host: str) -> list[str]:
@@ -20,7 +20,7 @@ def host_model_names(host: str) -> list[str]:
 
 
 def _print_pin(result: object) -> None:
-    from rigkit.model_pin import PinResult
+    from rigkit.pinning.models import PinResult
 
     assert isinstance(result, PinResult)
     where = f"{result.repo} @ {result.revision} : {result.filename}"
@@ -39,7 +39,7 @@ def _print_pin(result: object) -> None:
 
 
 def pin(args: argparse.Namespace) -> int:
-    from rigkit.model_pin import HubApi, PinError, pin_entry, pin_host
+    from rigkit.pinning.models import HubApi, PinError, pin_entry, pin_host
 
     revision = args.revision_opt or args.revision
     if args.endpoint.rstrip("/") != DEFAULT_ENDPOINT:

@@ -31,8 +31,8 @@ NAMES = (
 def plan_values(host: str) -> dict[str, Any]:
     """What a rig's plan is computed from: the roles' defaults and the inventory's values (LookupError: an unknown
     host)."""
-    from rigkit.compat_plan import ROLES
-    from rigkit.rig_validate import role_defaults
+    from rigkit.validation.compat import ROLES
+    from rigkit.validation.rules import role_defaults
 
     kind = host_values(host, ("rig_kind",)).get("rig_kind")
     return {**role_defaults(*ROLES), **host_values(host, NAMES if kind == "gpu" else ("rig_kind",))}
@@ -41,8 +41,8 @@ def plan_values(host: str) -> dict[str, Any]:
 def archive_notes(hosts: Iterable[str]) -> list[str]:
     """`make status`'s notes from the archive, for the GPU rigs among ``hosts``: a pinned driver the archive dropped,
     and a next kernel without a known-good module (the controller's cached indexes; no rig contacted)."""
-    from rigkit.compat_plan import archive_report
-    from rigkit.debian_archive import Archive
+    from rigkit.validation.compat import archive_report
+    from rigkit.validation.debian_archive import Archive
 
     lookup, notes = Archive().index, []
     for host in sorted(hosts):
@@ -61,8 +61,8 @@ def archive_notes(hosts: Iterable[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rigkit.compat_plan import archive_report, compat_findings, plan_lines
-    from rigkit.debian_archive import Archive
+    from rigkit.validation.compat import archive_report, compat_findings, plan_lines
+    from rigkit.validation.debian_archive import Archive
 
     try:
         values = plan_values(args.host)

@@ -55,7 +55,7 @@ import rigkit  # first: it makes module_utils/ importable as ansible.module_util
 
 REPO = rigkit.REPO
 
-from ansible.module_utils.model_fetch import (  # noqa: E402
+from ansible.module_utils.fetch.model import (  # noqa: E402
     DownloadError,
     FetchOptions,
     fetch_model,

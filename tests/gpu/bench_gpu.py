@@ -22,7 +22,7 @@ from tests.gpu.local_server import LocalLlamaServer, free_port, kit_module_utils
 workload = kit_module_utils("bench_workload")
 report_lib = kit_module_utils("bench_report")
 deployed = kit_module_utils("rig_deployed")
-sha256 = kit_module_utils("model_fetch").sha256_file
+sha256 = kit_module_utils("fetch.model").sha256_file
 
 
 def main(argv: list[str] | None = None) -> int:

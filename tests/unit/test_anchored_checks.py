@@ -11,10 +11,11 @@ from ansible.module_utils import nvidia_compat
 from ansible.module_utils.model_catalog import REPO_RE, REVISION_RE, catalog_problems, entry_problems
 from ansible.module_utils.nft_allowlist import AllowListError, table_name
 
-from rigkit import hf_api, rig_variables
 from rigkit.cli import discover
-from rigkit.mirror_files import url_parts
-from rigkit.rig_validate import Report, _check_container_limits, _check_image_inputs, _check_rig_gpu, _check_rules
+from rigkit.mirror.files import url_parts
+from rigkit.pinning import hf_api
+from rigkit.validation import variables as rig_variables
+from rigkit.validation.rules import Report, _check_container_limits, _check_image_inputs, _check_rig_gpu, _check_rules
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SHA = "ab" * 32

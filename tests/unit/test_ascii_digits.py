@@ -14,16 +14,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from ansible.module_utils.fetch_errors import Restart, Transient, VerificationError
-from ansible.module_utils.fetch_http import raise_for_status
-from ansible.module_utils.fetch_transfer import Transfer
+from ansible.module_utils.fetch.errors import Restart, Transient, VerificationError
+from ansible.module_utils.fetch.http import raise_for_status
+from ansible.module_utils.fetch.transfer import Transfer
 from ansible.module_utils.gpu_offload import model_loads, parse_compute_apps
 from ansible.module_utils.nvidia_kernels import version_key
 from ansible.module_utils.preflight.memory import _tensor_layer
 from ansible.module_utils.rig_deployed import server_settings
 
-from rigkit.http_range import wanted_range
-from rigkit.rig_validate import Report, _check_container_limits, _check_gpu_layers
+from rigkit.mirror.http_range import wanted_range
+from rigkit.validation.rules import Report, _check_container_limits, _check_gpu_layers
 from tests.support import REPO
 
 SUP2, AR0, AR3, AR4, AR9, FW12 = "\u00b2", "\u0660", "\u0663", "\u0664", "\u0669", "\uff11\uff12"

@@ -15,8 +15,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from rigkit.bench_report import ReportError, build_report, decide, schedule, scores
-from rigkit.bench_tune import current_setting, latest_report, tune
+from rigkit.bench.report import ReportError, build_report, decide, schedule, scores
+from rigkit.bench.tune import current_setting, latest_report, tune
 from tests.support import templated_var
 
 REPO = Path(__file__).resolve().parents[2]

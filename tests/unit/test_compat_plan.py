@@ -18,8 +18,8 @@ from ansible.module_utils.cuda_compat import (
 )
 
 from rigkit import REPO, proofs
-from rigkit.compat_plan import ROLES, compat_findings, known_good_kernels, plan_lines
-from rigkit.rig_validate import role_defaults
+from rigkit.validation.compat import ROLES, compat_findings, known_good_kernels, plan_lines
+from rigkit.validation.rules import role_defaults
 from tests.support import run
 from tests.unit.test_proof_receipts import copy_inputs
 

@@ -135,7 +135,7 @@ def test_controller_refuses_bad_limits_naming_file_variable_and_value(
     extra: dict[str, Any], expected: str, tmp_path: Path
 ) -> None:
     from rigkit.inventory_files import Sources
-    from rigkit.rig_validate import load_specs, rig_problems
+    from rigkit.validation.rules import load_specs, rig_problems
 
     values = {"rig_kind": "sandbox", **yaml.safe_load((HOST_VARS / "sandbox-mtp.yml").read_text())}
     host_file = tmp_path / "host_vars" / "limits.yml"
@@ -150,8 +150,8 @@ def test_controller_refuses_bad_limits_naming_file_variable_and_value(
 
 
 def test_controller_preflight_refuses_a_limit_below_the_estimate(gemma3_270m_gguf: Path, tmp_path: Path) -> None:
-    from rigkit.controller_preflight import controller_preflight
     from rigkit.inventory_files import Sources
+    from rigkit.validation.preflight import controller_preflight
 
     catalog = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
     entry = catalog["gemma-3-270m-it-q4_k_m"]

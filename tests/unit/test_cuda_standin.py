@@ -79,3 +79,14 @@ def test_the_tag_digest_follows_the_pins_and_the_base() -> None:
     assert recipe_digest(wheels, "sha256:bbb") != base
     changed = [Wheel(w.name, w.version, w.image, "f" * 64) if i == 0 else w for i, w in enumerate(wheels)]
     assert recipe_digest(changed, "sha256:aaa") != base
+
+
+def test_the_stand_ins_base_is_the_harness_release_even_beside_another() -> None:
+    from rigkit.cli.cuda_standin import pick_base
+
+    tags = ["rigkit/debian:trixie-9a54a2bd95ae", "rigkit/debian:bookworm-15984584e4be", "rigkit/debian:bookworm-salt-x"]
+    assert pick_base(tags, "bookworm") == "rigkit/debian:bookworm-15984584e4be"
+    with pytest.raises(LookupError, match="no rigkit/debian base image of bookworm"):
+        pick_base(["rigkit/debian:trixie-9a54a2bd95ae"], "bookworm")
+    with pytest.raises(LookupError, match="several base images"):
+        pick_base(["rigkit/debian:bookworm-1", "rigkit/debian:bookworm-2"], "bookworm")

@@ -1,5 +1,6 @@
-"""Debian's archive on the controller (rigkit/debian_archive.py) and the plan's `archive` / `next kernel` rows, read
-from a real HTTP stand-in archive on loopback that serves xz-compressed Packages indexes in the dists/ layout."""
+"""Debian's archive on the controller (rigkit/validation/debian_archive.py) and the plan's `archive` / `next
+kernel` rows, read from a real HTTP stand-in archive on loopback that serves xz-compressed Packages indexes in the
+dists/ layout."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rigkit.compat_plan import archive_report, plan_lines
-from rigkit.debian_archive import (
+from rigkit.validation.compat import archive_report, plan_lines
+from rigkit.validation.debian_archive import (
     Archive,
     ArchiveError,
     Stanza,
@@ -327,7 +328,7 @@ def test_make_status_notes_a_next_kernel_without_a_module_and_a_dropped_pin(
 ):
     """`make status` adds the archive's word on each GPU rig under its table; a sandbox rig (CPU) reads nothing."""
     from rigkit.cli.plan import archive_notes
-    from rigkit.fleet_status import render
+    from rigkit.fleet.status import render
 
     publish_bookworm(archive)
     assert archive_notes(["desktop3050", "sandbox"]) == []

@@ -21,14 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ansible.module_utils.model_fetch as model_fetch
+import ansible.module_utils.fetch.model as model_fetch
 import pytest
-from ansible.module_utils.fetch_errors import Transient
-from ansible.module_utils.fetch_hash import ThreadedHasher
-from ansible.module_utils.fetch_part import PartWriter
-from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions, FetchResult
-from ansible.module_utils.fetch_transfer import Transfer
-from ansible.module_utils.model_fetch import fetch_model
+from ansible.module_utils.fetch.errors import Transient
+from ansible.module_utils.fetch.hash import ThreadedHasher
+from ansible.module_utils.fetch.model import fetch_model
+from ansible.module_utils.fetch.part import PartWriter
+from ansible.module_utils.fetch.spec import CatalogEntry, FetchOptions, FetchResult
+from ansible.module_utils.fetch.transfer import Transfer
 
 from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 from tests.fixtures.hf_standin import Fault, HfStandin

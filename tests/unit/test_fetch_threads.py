@@ -1,4 +1,4 @@
-"""The fetcher's threaded sha256 and its part writer (module_utils/fetch_hash.py, fetch_part.py),
+"""The fetcher's threaded sha256 and its part writer (module_utils/fetch/hash.py, part.py),
 alone on constructed data and through fetch_model against the real Hugging Face stand-in. Behaviour only: the
 speed is measured by tests/bench/bench_fetch.py, never asserted here."""
 
@@ -9,11 +9,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import ansible.module_utils.model_fetch as model_fetch
+import ansible.module_utils.fetch.model as model_fetch
 import pytest
-from ansible.module_utils.fetch_hash import HasherError, ThreadedHasher, sha256_file
-from ansible.module_utils.fetch_part import PartWriter
-from ansible.module_utils.model_fetch import VerificationError, fetch_model
+from ansible.module_utils.fetch.hash import HasherError, ThreadedHasher, sha256_file
+from ansible.module_utils.fetch.model import VerificationError, fetch_model
+from ansible.module_utils.fetch.part import PartWriter
 
 from tests.fixtures.hf_standin import Fault, HfStandin
 from tests.unit import test_model_fetch as base

@@ -1,11 +1,11 @@
-"""rigkit/fleet_gateway.py: what the gateway fronts, and what it refuses on the controller (each refusal names the
+"""rigkit/fleet/gateway.py: what the gateway fronts, and what it refuses on the controller (each refusal names the
 variable, its value and the file to edit)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rigkit.fleet_gateway import alias_of, models_list, plan, upstream
+from rigkit.fleet.gateway import alias_of, models_list, plan, upstream
 from tests.support import group_vars
 
 CATALOG = group_vars("all/model_catalog")["model_catalog"]

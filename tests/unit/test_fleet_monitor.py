@@ -1,4 +1,4 @@
-"""rigkit/fleet_monitor.py: the Prometheus configuration and alert rules the fleet monitor deploys, checked and
+"""rigkit/fleet/monitor.py: the Prometheus configuration and alert rules the fleet monitor deploys, checked and
 unit-tested by the pinned Prometheus's own promtool (`promtool check config`, `promtool test rules`)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigkit.fleet_monitor import alert_rules, bench_decode_rate, lock_labels, prometheus_config
-from rigkit.promtool import promtool
+from rigkit.fleet.monitor import alert_rules, bench_decode_rate, lock_labels, prometheus_config
+from rigkit.fleet.promtool import promtool
 from tests.support import CACHE_DIR
 
 UPSTREAMS = [
@@ -174,8 +174,8 @@ def test_the_decode_rate_threshold_comes_from_the_rigs_latest_bench(tmp_path: Pa
 
 
 def test_the_status_tables_last_hour_comes_from_prometheus_answers():
-    from rigkit.fleet_monitor import QUERIES, history
-    from rigkit.fleet_status import render, rows
+    from rigkit.fleet.monitor import QUERIES, history
+    from rigkit.fleet.status import render, rows
 
     answers = [
         {
@@ -202,7 +202,7 @@ def test_the_status_tables_last_hour_comes_from_prometheus_answers():
 
 def test_observe_prints_a_curl_that_reads_the_sandbox_key_and_the_ready_queries():
     from rigkit.cli.observe import describe
-    from rigkit.fleet_monitor import QUERIES
+    from rigkit.fleet.monitor import QUERIES
 
     lines = "\n".join(
         describe(
@@ -252,7 +252,7 @@ def test_status_asks_the_fleet_hosts_too_in_ansibles_pattern_syntax(limit, patte
 # --- the rigs' node exporters and the GPU's alerts ------------------------------------------------------------------
 def test_a_rigs_node_exporter_on_loopback_is_scraped_only_from_a_host_sharing_its_network():
     """Elsewhere the rig's server is still scraped and the plan says why its node facts are not."""
-    from rigkit.fleet_monitor import node_target
+    from rigkit.fleet.monitor import node_target
 
     values = {"node_exporter_host": "127.0.0.1", "node_exporter_port": "19081"}
     node, why = node_target("sandbox-mtp", values, shares_network=True, host="fleet")
@@ -364,7 +364,7 @@ def test_no_gpu_rig_no_collector_rule():
 def test_an_exposed_node_exporter_is_scraped_over_tls_as_its_user(tool: Path, tmp_path: Path):
     """Off loopback (a monitor on another host): https verified against the certificate the rig made, with the rig's
     inventory name, and basic auth whose password Prometheus reads from a file, never from prometheus.yml."""
-    from rigkit.fleet_monitor import NODE_EXPORTER_CERT, node_target
+    from rigkit.fleet.monitor import NODE_EXPORTER_CERT, node_target
 
     values = {
         "node_exporter_host": "0.0.0.0",
@@ -398,7 +398,7 @@ def test_an_exposed_node_exporter_is_scraped_over_tls_as_its_user(tool: Path, tm
 
 
 def test_the_node_exporter_rule_is_the_one_the_role_and_the_controller_ask():
-    from rigkit.rig_validate import node_exporter_problems
+    from rigkit.validation.rules import node_exporter_problems
 
     assert node_exporter_problems({}) == []  # loopback, no TLS, no password needed
     assert node_exporter_problems({"node_exporter_host": "127.0.0.2"}) == []  # 127.0.0.0/8 is loopback
@@ -415,7 +415,7 @@ def test_the_fleet_graph_opens_prometheus_graph_page_on_the_ready_expression():
     from urllib.parse import parse_qs, urlsplit
 
     from rigkit.cli.fleet_graph import graph_page
-    from rigkit.fleet_monitor import GRAPHS
+    from rigkit.fleet.monitor import GRAPHS
 
     page = urlsplit(graph_page("http://127.0.0.1:18490", GRAPHS["acceptance"], "30m"))
     assert (page.netloc, page.path) == ("127.0.0.1:18490", "/graph")
@@ -428,7 +428,7 @@ def test_the_fleet_graph_opens_prometheus_graph_page_on_the_ready_expression():
 
 
 def test_a_node_exporters_port_is_9100_on_a_rig_of_its_own_and_beside_the_server_on_the_sandbox():
-    from rigkit.fleet_monitor import node_exporter_port, node_target
+    from rigkit.fleet.monitor import node_exporter_port, node_target
 
     assert node_exporter_port("gpu", 8080) == 9100
     assert node_exporter_port("sandbox", "18081") == 19081

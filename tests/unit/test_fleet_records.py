@@ -11,7 +11,7 @@ import pytest
 from ansible.module_utils.rig_deployed import server_settings
 from ansible.module_utils.rig_lock import LockError, differences, entry_from_deployed, read_lock, update_lock
 
-from rigkit.fleet_status import render, rows
+from rigkit.fleet.status import render, rows
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32

@@ -1,4 +1,4 @@
-"""rigkit/gguf_header_cache.py: the controller preflight's headers, parsed once per file and read back from JSON
+"""rigkit/validation/gguf_headers.py: the controller preflight's headers, parsed once per file and read back from JSON
 exactly as parsed (real GGUF files written by the sandbox's tiny gemma4 writer)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansibl
 from ansible.module_utils.gguf_metadata import read_gguf_metadata
 from ansible.module_utils.preflight.server import preflight
 
-from rigkit.gguf_header_cache import cached_reader, to_json
 from rigkit.sandbox.tiny_gemma4 import write_pair
+from rigkit.validation.gguf_headers import cached_reader, to_json
 
 SETTINGS = {"spec_type": "draft-mtp", "ctx_size": 512, "gpu_layers": 0, "gpu_layers_draft": 0, "flash_attn": "off"}
 

@@ -24,7 +24,7 @@ from ansible.module_utils.gpu_metrics import (
     render,
 )
 
-from rigkit.promtool import promtool
+from rigkit.fleet.promtool import promtool
 from tests.support import CACHE_DIR
 
 DATA = Path(__file__).resolve().parents[1] / "fixtures" / "gpu_metrics"

@@ -1,10 +1,10 @@
-"""rigkit/http_range.py: the one Range implementation the model mirror and the Hugging Face stand-in share."""
+"""rigkit/mirror/http_range.py: the one Range implementation the model mirror and the Hugging Face stand-in share."""
 
 from __future__ import annotations
 
 import pytest
 
-from rigkit.http_range import answer_range
+from rigkit.mirror.http_range import answer_range
 
 SIZE = 1000
 

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.fetch_http import _error_detail
+from ansible.module_utils.fetch.http import _error_detail
+from ansible.module_utils.fetch.model import DownloadError, HttpStatusError, fetch_model
 from ansible.module_utils.http_client import HttpClientError, Proxy, proxy_for, retry_wait
-from ansible.module_utils.model_fetch import DownloadError, HttpStatusError, fetch_model
 
-from rigkit.hf_api import HubApi, PinError, _ApiError, _explain
+from rigkit.pinning.hf_api import HubApi, PinError, _ApiError, _explain
 from tests.fixtures.connect_proxy import ConnectProxy
 from tests.fixtures.hf_standin import Fault, HfStandin, make_tls_files
 from tests.unit import test_model_fetch as base

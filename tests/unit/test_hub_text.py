@@ -14,12 +14,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from ansible.module_utils.fetch_http import _error_detail
+from ansible.module_utils.fetch.http import _error_detail
 from ansible.module_utils.http_client import redact
 from ansible.module_utils.printable import printable
 
-from rigkit import hf_api
-from rigkit.hf_api import HubApi, PinError
+from rigkit.pinning import hf_api
+from rigkit.pinning.hf_api import HubApi, PinError
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 ESC = "\x1b]0;owned\x07\x1b[2J\x9b31m\r\u202e"
@@ -194,8 +194,8 @@ def test_rig_reported_text_reaches_the_terminal_escaped():
     """make status and make bench-report print what rigs report (nvidia-smi's GPU name, errors) escaped."""
     import json
 
-    from rigkit.bench_report import table_row
-    from rigkit.fleet_status import COLUMNS, render
+    from rigkit.bench.report import table_row
+    from rigkit.fleet.status import COLUMNS, render
     from tests.support import REPO
 
     hostile = "RTX\x1b]0;pwned\x07\x1b[2J"

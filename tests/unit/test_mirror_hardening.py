@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from rigkit.mirror_files import resolve_request_path
-from rigkit.model_mirror import MAX_PER_CLIENT, MirrorError, ModelMirror, escape_log
+from rigkit.mirror.files import resolve_request_path
+from rigkit.mirror.models import MAX_PER_CLIENT, MirrorError, ModelMirror, escape_log
 
 REPO = Path(__file__).resolve().parents[2]
 RIGKIT = [sys.executable, str(REPO / "bin" / "rigkit"), "mirror"]
@@ -558,8 +558,8 @@ def test_an_interrupted_mirror_download_leaves_no_secret_on_the_rig(
 ) -> None:
     """Ctrl-C in the middle of a download from the mirror: the part and its metadata stay (resumable), and neither
     they nor the result carry the run's secret (it is worthless after the run, but it is the run's credential)."""
-    from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions
-    from ansible.module_utils.model_fetch import fetch_model
+    from ansible.module_utils.fetch.model import fetch_model
+    from ansible.module_utils.fetch.spec import CatalogEntry, FetchOptions
 
     root, mapping = served_tiny(tiny_gemma4_pair[0], tmp_path)
     entry = CatalogEntry.from_mapping(mapping)

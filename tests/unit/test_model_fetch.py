@@ -1,4 +1,4 @@
-"""module_utils/model_fetch.py and library/gguf_fetch.py against a real HTTP(S) stand-in for Hugging Face.
+"""module_utils/fetch/model.py and library/gguf_fetch.py against a real HTTP(S) stand-in for Hugging Face.
 
 Every failure test also checks the invariant: the final path holds the previous good file, byte-identical
 (or nothing, when there was none), and no stray .part is left unless the failure is a resumable one.
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ansible.module_utils.model_fetch as model_fetch
+import ansible.module_utils.fetch.model as model_fetch
 import pytest
 import yaml
-from ansible.module_utils.model_fetch import (
+from ansible.module_utils.fetch.model import (
     DiskSpaceError,
     DownloadError,
     EntryError,

@@ -1,4 +1,4 @@
-"""rigkit/model_mirror.py (the read-only resolve/ mirror) and `bin/rigkit mirror` (detached start/stop)."""
+"""rigkit/mirror/models.py (the read-only resolve/ mirror) and `bin/rigkit mirror` (detached start/stop)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.module_utils.model_fetch import FetchOptions, fetch_model
+from ansible.module_utils.fetch.model import FetchOptions, fetch_model
 
-from rigkit.mirror_files import resolve_request_path
-from rigkit.model_mirror import MirrorError, ModelMirror
+from rigkit.mirror.files import resolve_request_path
+from rigkit.mirror.models import MirrorError, ModelMirror
 from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""`make pin` / `rigkit pin` (rigkit/model_pin.py) against the Hugging Face stand-in, on a copy of the catalog."""
+"""`make pin` / `rigkit pin` (rigkit/pinning/models.py) against the Hugging Face stand-in, on a copy of the catalog."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 import yaml
 from ansible.module_utils.http_client import UrlRefused, next_hop
 
-from rigkit import hf_api
-from rigkit.model_pin import HubApi, PinError, pin_entry, pin_host
+from rigkit.pinning import hf_api
+from rigkit.pinning.models import HubApi, PinError, pin_entry, pin_host
 from tests.fixtures.hf_standin import HfStandin, make_tls_files
 from tests.support import recap, run
 

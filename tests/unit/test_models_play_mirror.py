@@ -20,7 +20,7 @@ import pytest
 import yaml
 from ansible.module_utils.model_catalog import rig_model_path
 
-from rigkit.model_mirror import ModelMirror
+from rigkit.mirror.models import ModelMirror
 from tests.support import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from ansible.module_utils.model_catalog import rig_model_dir, rig_model_path
 
-from rigkit.model_mirror import ModelMirror
+from rigkit.mirror.models import ModelMirror
 from rigkit.sandbox.hub import build_hub
 from tests.support import local_play
 

@@ -33,7 +33,7 @@ def test_loopback_binds(host, loopback):
 
 def test_the_role_and_the_controller_use_the_one_definition():
     from filter_plugins.llama_server import FilterModule
-    from rigkit import rig_validate
+    from rigkit.validation import rules as rig_validate
 
     assert FilterModule().filters()["rigkit_is_loopback"] is is_loopback
     assert rig_validate.is_loopback is is_loopback

@@ -84,7 +84,7 @@ def test_the_table_is_the_kits_own_and_replaced_atomically() -> None:
 )
 def test_controller_refuses_bad_allow_lists(extra: dict[str, Any], expected: str, tmp_path: Path) -> None:
     from rigkit.inventory_files import Sources
-    from rigkit.rig_validate import load_specs, rig_problems
+    from rigkit.validation.rules import load_specs, rig_problems
 
     values = {"rig_kind": "sandbox", **yaml.safe_load((REPO / "inventory/host_vars/sandbox-mtp.yml").read_text())}
     values.update(llama_server_host="192.0.2.7", llama_server_api_key="k" * 32)

@@ -11,7 +11,7 @@ from ansible.module_utils.nvidia_kernels import (
     version_key,
 )
 
-from rigkit.fleet_status import _kernel, render, row
+from rigkit.fleet.status import _kernel, render, row
 
 
 def facts(**versions: str) -> dict:

@@ -17,10 +17,10 @@ from ansible.module_utils.preflight.memory import (
     memory_headroom_mib,
 )
 
-from rigkit.controller_preflight import controller_preflight
+from rigkit.discovery.facts import DiscoverError, parse_gather
+from rigkit.discovery.profile import plan_profile, render_host_vars
 from rigkit.inventory_files import Sources
-from rigkit.rig_discovery import plan_profile, render_host_vars
-from rigkit.rig_facts import DiscoverError, parse_gather
+from rigkit.validation.preflight import controller_preflight
 from tests.support import REPO
 from tests.unit.test_rig_discovery import CATALOG, LLAMA_DEFAULTS, RTX3050
 

@@ -43,11 +43,13 @@ module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
 from ansible.plugins.loader import filter_loader, init_plugin_loader
 init_plugin_loader()
 filter_loader.add_directory({str(REPO / "filter_plugins")!r})
-assert "rigkit.rig_validate" not in sys.modules
+assert "rigkit.validation.rules" not in sys.modules
 module.CallbackModule().v2_playbook_on_start(None)
-wanted = ("rigkit.rig_validate", "rigkit.rig_inputs", "rigkit.controller_preflight")
+wanted = ("rigkit.validation.rules", "rigkit.rig_inputs", "rigkit.validation.preflight")
 print(sorted(name for name in wanted if name in sys.modules))
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False, cwd=REPO)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[-2] == "['rigkit.controller_preflight', 'rigkit.rig_inputs', 'rigkit.rig_validate']"
+    assert (
+        done.stdout.split("\n")[-2] == "['rigkit.rig_inputs', 'rigkit.validation.preflight', 'rigkit.validation.rules']"
+    )

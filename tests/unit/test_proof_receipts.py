@@ -57,7 +57,7 @@ def test_the_dkms_proofs_inputs_are_the_role_its_scenario_and_the_code_it_runs()
     # what does not shape it: the role's other scenarios, its README, other roles' code
     assert "roles/nvidia_driver/molecule/default/molecule.yml" not in files
     assert not any(name.endswith(".md") for name in files)
-    assert "library/gguf_fetch.py" not in files and "module_utils/fetch_http.py" not in files
+    assert "library/gguf_fetch.py" not in files and "module_utils/fetch/http.py" not in files
 
 
 def test_each_debian_releases_dkms_proof_has_its_own_scenario_and_rig_image():
@@ -125,7 +125,7 @@ def test_a_change_to_shared_code_the_role_imports_makes_the_receipt_stale(tmp_pa
     assert "module_utils/nvidia_kernels.py changed" in proofs.receipt_problem(DKMS, tmp_path)
     # a module_utils file the role never imports does not
     write_receipt(DKMS, tmp_path)
-    other = tmp_path / "module_utils/fetch_http.py"
+    other = tmp_path / "module_utils/fetch/http.py"
     other.write_text(other.read_text() + "\n# changed\n")
     assert proofs.receipt_problem(DKMS, tmp_path) is None
 

@@ -1,4 +1,4 @@
-"""`make discover` (rigkit/rig_discovery.py, `rigkit discover`) on canned outputs of real machines: the
+"""`make discover` (rigkit/discovery/profile.py, `rigkit discover`) on canned outputs of real machines: the
 profiles of the seed rigs agree with their hand-written host_vars; profiles of other cards, written by the real
 command into a copy of the inventory, resolve there and pass `make check` up to the point where the rig must be
 contacted; bad input ends in a message that says what was found and what to do."""
@@ -17,7 +17,15 @@ from ansible.module_utils.gguf_metadata import read_gguf_metadata
 from ansible.module_utils.preflight.memory import memory_headroom_mib
 from ansible.module_utils.preflight.server import MIB, estimate_memory
 
-from rigkit.rig_discovery import (
+from rigkit.discovery.facts import (
+    DiscoverError,
+    parse_df,
+    parse_gather,
+    parse_lspci,
+    parse_nvidia_smi,
+    parse_secure_boot,
+)
+from rigkit.discovery.profile import (
     Unsafe,
     add_inventory_line,
     catalog_meta,
@@ -26,7 +34,6 @@ from rigkit.rig_discovery import (
     render_host_vars,
     yaml_lines,
 )
-from rigkit.rig_facts import DiscoverError, parse_df, parse_gather, parse_lspci, parse_nvidia_smi, parse_secure_boot
 from tests.support import REPO, plain, recap, run, templated_var
 from tests.unit.test_server_preflight import E2B, assistant_header, gemma4_header
 
@@ -353,7 +360,7 @@ def test_make_discover_needs_host_and_address() -> None:
 
 def test_the_gather_script_reads_this_machine() -> None:
     """The script itself, run by a real sh on this machine (a CPU-only VM): every section parses."""
-    from rigkit.rig_facts import GATHER_SCRIPT
+    from rigkit.discovery.facts import GATHER_SCRIPT
 
     done = subprocess.run(["sh", "-s"], input=GATHER_SCRIPT, capture_output=True, text=True, check=True)
     facts = parse_gather(done.stdout)
@@ -477,7 +484,7 @@ def test_unknown_pci_id() -> None:
     line = "01:00.0 VGA compatible controller [0300]: NVIDIA Corporation GB202 [GeForce RTX 5090] [10de:2b85] (rev a1)"
     with pytest.raises(DiscoverError) as caught:
         plan(gathered(lspci=line))
-    assert "not in the kit's table (rigkit/rig_facts.py PCI_GPUS)" in str(caught.value)
+    assert "not in the kit's table (rigkit/discovery/facts.py PCI_GPUS)" in str(caught.value)
     assert line in str(caught.value) and "install the driver (nvidia-smi)" in str(caught.value)
 
 

@@ -627,7 +627,7 @@ def test_the_kits_own_rigs_have_no_problem(host_file, group):
     from ansible.module_utils.model_catalog import unpinned_fields
 
     from rigkit.inventory_files import Sources
-    from rigkit.rig_validate import load_specs, rig_problems
+    from rigkit.validation.rules import load_specs, rig_problems
 
     values = _inventory_values(host_file, [group])
     sources = Sources(str(REPO / "inventory"), host_file.stem, [group, "rigs"])
@@ -648,7 +648,7 @@ def test_cache_type_choices_are_llama_cpps_list():
     """The spec's choices are the one list; they must be what the preflight's memory model knows."""
     from ansible.module_utils.preflight.server import CACHE_TYPES
 
-    from rigkit.rig_validate import load_specs
+    from rigkit.validation.rules import load_specs
 
     options = load_specs(str(REPO / "roles"))["llama_server"]["main"]
     for name in ("llama_server_cache_type_k", "llama_server_cache_type_v"):
@@ -657,7 +657,7 @@ def test_cache_type_choices_are_llama_cpps_list():
 
 def test_every_role_default_with_a_kit_prefix_is_declared():
     """A role default that no spec declares would be refused when a rig sets it: specs and defaults stay in sync."""
-    from rigkit.rig_validate import declared_variables, load_specs
+    from rigkit.validation.rules import declared_variables, load_specs
 
     declared = declared_variables(load_specs(str(REPO / "roles")))
     undeclared = []
@@ -687,7 +687,7 @@ def test_tags_select_a_role_for_real_and_never_skip_validation():
 
 def test_a_secret_is_never_shown_in_a_refusal():
     from rigkit.inventory_files import Sources
-    from rigkit.rig_validate import load_specs, rig_problems
+    from rigkit.validation.rules import load_specs, rig_problems
 
     values = _inventory_values(REPO / "inventory/host_vars/desktop3050.yml", ["gpu_rigs"])
     values.update(models_hf_tokn="hf_secret123", llama_server_api_kye="hunter2")
@@ -708,7 +708,7 @@ def test_a_secret_is_never_shown_in_a_refusal():
 )
 def test_a_secret_in_extra_args_is_refused_without_being_shown(extra):
     from rigkit.inventory_files import Sources
-    from rigkit.rig_validate import load_specs, rig_problems
+    from rigkit.validation.rules import load_specs, rig_problems
 
     values = _inventory_values(REPO / "inventory/host_vars/desktop3050.yml", ["gpu_rigs"])
     values["llama_server_extra_args"] = extra
@@ -740,7 +740,7 @@ def test_context_beyond_the_catalogs_trained_context_is_refused():
     import copy
 
     from rigkit.inventory_files import Sources
-    from rigkit.rig_validate import load_specs, rig_problems
+    from rigkit.validation.rules import load_specs, rig_problems
 
     catalog = copy.deepcopy(CATALOG)
     catalog["tiny-gemma4-target"]["shape"] = {"context_length": 1024}
@@ -768,7 +768,7 @@ def test_memory_budget_and_headroom_are_auto_or_mib(variable, value, accepted):
     """auto (the role's default) and a number of MiB pass; anything else is refused by the rule the role applies
     (module_utils/preflight/memory.py), naming the file, the variable, the value and what is accepted."""
     from rigkit.inventory_files import Sources, show
-    from rigkit.rig_validate import load_specs, rig_problems
+    from rigkit.validation.rules import load_specs, rig_problems
 
     values = _inventory_values(REPO / "inventory/host_vars/sandbox-mtp.yml", ["sandbox_rigs"])
     sources = Sources(str(REPO / "inventory"), "sandbox-mtp", ["sandbox_rigs", "rigs"])

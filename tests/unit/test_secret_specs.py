@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from rigkit.rig_validate import SECRET_NAME_RE
+from rigkit.validation.rules import SECRET_NAME_RE
 from tests.support import REPO
 
 

@@ -148,7 +148,7 @@ def _problems(tmp_path: Path, **overrides: Any) -> list[str]:
     """The TLS problems the controller finds for the sandbox rig with `overrides` written into its host_vars file
     (a copy of the kit's inventory under tmp_path)."""
     from rigkit.inventory_files import Sources
-    from rigkit.rig_validate import load_specs, rig_problems
+    from rigkit.validation.rules import load_specs, rig_problems
 
     inventory = tmp_path / "inventory"
     if inventory.exists():

@@ -21,7 +21,7 @@ Used by ``rigkit pin`` / ``make pin model=NAME [revision=REF]`` and ``make pin h
 ``pin_host`` pins, in one go, every entry a rig needs (target and drafter) that is not fully pinned yet.
 
 The API calls (and their security policy: https only, the token only to the endpoint's origin) are in
-rigkit/hf_api.py; this module decides what to pin and writes the catalog.
+rigkit/pinning/hf_api.py; this module decides what to pin and writes the catalog.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ansible.module_utils.model_catalog import (
     unpinned_fields,
 )
 
-from rigkit.hf_api import (
+from rigkit.pinning.hf_api import (
     DEFAULT_ENDPOINT,
     MAX_COMMITS,
     SHA256_RE,

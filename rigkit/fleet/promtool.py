@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from rigkit import REPO
-from rigkit.rig_facts import parse_os_release
+from rigkit.discovery.facts import parse_os_release
 
 VERSIONS = REPO / "roles" / "fleet_monitor" / "vars" / "Debian.yml"
 

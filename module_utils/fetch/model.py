@@ -9,7 +9,7 @@ Standard library only (it runs on rigs). The flow for ``fetch_model(entry, dest,
    the verification record written at install time and the record's sha256 is the entry's (``verify="fast"``);
    ``verify="full"`` (or a missing/stale record) re-hashes it. A bad file is replaced, never edited in place.
 3. Otherwise the body streams into ``dest + ".part"``, hashed while written (in a second thread where the
-   machine has a second core: HASH_IN_THREAD) and flushed to disk while it arrives (fetch_part). An existing
+   machine has a second core: HASH_IN_THREAD) and flushed to disk while it arrives (part.py). An existing
    part from the same pin is re-hashed and resumed with a Range request; a 200 answer restarts it cleanly.
    Connection errors, timeouts, 429 and 5xx are retried with exponential backoff; 401/403/404 fail at once,
    naming repo, revision and file. Free disk space is checked first.
@@ -18,10 +18,10 @@ Standard library only (it runs on rigs). The flow for ``fetch_model(entry, dest,
    previous ``dest`` byte-identical and raises VerificationError with expected vs actual.
 
 Verification records and part descriptors live in ``<dest dir>/.rigkit-verified/``. This module is the entry
-point and the order of those steps; each step has its own module: fetch_spec (entry, options, result),
-fetch_errors, fetch_store (paths, records, safe opens), fetch_hash (streamed and threaded sha256), fetch_part
-(writing and the fsync), fetch_http (one GET), fetch_transfer (attempts, resume, retries), fetch_pace
-(deadline and minimum rate), fetch_verify (size, sha256, GGUF).
+point and the order of those steps; each step has its own module in this package: spec (entry, options,
+result), errors, store (paths, records, safe opens), hash (streamed and threaded sha256), part (writing and the
+fsync), http (one GET), transfer (attempts, resume, retries), pace (deadline and minimum rate), verify (size,
+sha256, GGUF).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ansible.module_utils.fetch_errors import (
+from ansible.module_utils.fetch.errors import (
     DiskSpaceError,
     DownloadError,
     EntryError,
@@ -46,10 +46,10 @@ from ansible.module_utils.fetch_errors import (
     TlsError,
     VerificationError,
 )
-from ansible.module_utils.fetch_hash import ThreadedHasher, sha256_file
-from ansible.module_utils.fetch_http import check_scheme
-from ansible.module_utils.fetch_part import PartWriter
-from ansible.module_utils.fetch_spec import (
+from ansible.module_utils.fetch.hash import ThreadedHasher, sha256_file
+from ansible.module_utils.fetch.http import check_scheme
+from ansible.module_utils.fetch.part import PartWriter
+from ansible.module_utils.fetch.spec import (
     DEFAULT_BASE_URL,
     DEFAULT_MIN_RATE,
     DEFAULT_RATE_WINDOW_S,
@@ -60,7 +60,7 @@ from ansible.module_utils.fetch_spec import (
     human,
     redact,
 )
-from ansible.module_utils.fetch_store import (
+from ansible.module_utils.fetch.store import (
     discard_part,
     ensure_verify_dir,
     existing_dir,
@@ -76,8 +76,8 @@ from ansible.module_utils.fetch_store import (
     write_json_atomic,
     write_record,
 )
-from ansible.module_utils.fetch_transfer import Transfer
-from ansible.module_utils.fetch_verify import check_gguf, check_size_and_sha256
+from ansible.module_utils.fetch.transfer import Transfer
+from ansible.module_utils.fetch.verify import check_gguf, check_size_and_sha256
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -105,7 +105,7 @@ __all__ = [
 
 HASH_DEPTH = 4  # buffers of chunk_size between the receiving thread and the hash thread
 # Hash in a second thread wherever there is a second core: on the kit's quiet 2-core bench machine a 1 GiB
-# loopback download took 1.21 s with the hash thread and the background flush (fetch_part) against 2.40 s hashing
+# loopback download took 1.21 s with the hash thread and the background flush (part.py) against 2.40 s hashing
 # inline (medians of 7, interleaved, curl -o 1.24 s; reports/perf/README.md). Inline hashing won only with a load
 # average of 15 on those 2 cores, where the hand-offs between threads cost more than the overlap gains.
 HASH_IN_THREAD = (os.cpu_count() or 1) >= 2

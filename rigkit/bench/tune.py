@@ -1,6 +1,6 @@
 """`make tune`: apply a bench report's decision to the host's variables (controller only).
 
-The decision itself is rigkit/bench_report.decide (best workload score, moved to only when the gain beats
+The decision itself is rigkit/bench/report.decide (best workload score, moved to only when the gain beats
 the run's noise band). This writes it into inventory/host_vars/<host>.yml with ruamel.yaml's round trip
 (comments and order survive), with a comment naming the report, atomically.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from ansible.module_utils.atomic_file import write_atomic
 
-from rigkit.bench_report import Decision, ReportError, decide
+from rigkit.bench.report import Decision, ReportError, decide
 
 SPEC_TYPE = "llama_server_spec_type"
 DRAFT_N_MAX = "llama_server_spec_draft_n_max"

@@ -1,5 +1,5 @@
 """What the fleet monitor (roles/fleet_monitor, Prometheus and Alertmanager) scrapes and alerts on, computed on the
-controller: one scrape job per rig's llama-server (reached as the gateway reaches it, rigkit/fleet_gateway.py) and
+controller: one scrape job per rig's llama-server (reached as the gateway reaches it, rigkit/fleet/gateway.py) and
 one per rig's node exporter (roles/node_exporter, with the GPU facts of module_utils/gpu_metrics.py), each series
 labelled from the lock (what the rig runs: GPU, model sha256s, llama.cpp commit) and the rig's draft length, and
 alert rules with each rig's own thresholds (its expected draft acceptance, its latest bench's decode rate) and the
@@ -17,9 +17,9 @@ import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansibl
 # isort: split
 from ansible.module_utils.net_address import is_loopback, serves_tls
 
-from rigkit.bench_report import summarise
-from rigkit.bench_tune import ReportError, current_setting, latest_report, load_report
-from rigkit.fleet_gateway import reach_address
+from rigkit.bench.report import summarise
+from rigkit.bench.tune import ReportError, current_setting, latest_report, load_report
+from rigkit.fleet.gateway import reach_address
 
 SHORT = 12
 # Metric names as llama-server exports them (--metrics).

@@ -3,8 +3,8 @@ of the pinned architecture. Standard library only."""
 
 from __future__ import annotations
 
-from ansible.module_utils.fetch_errors import VerificationError
-from ansible.module_utils.fetch_spec import CatalogEntry
+from ansible.module_utils.fetch.errors import VerificationError
+from ansible.module_utils.fetch.spec import CatalogEntry
 from ansible.module_utils.gguf_metadata import GgufError, read_gguf_metadata
 
 

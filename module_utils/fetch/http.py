@@ -15,14 +15,14 @@ import http.client
 import ssl
 import urllib.parse
 
-from ansible.module_utils.fetch_errors import (
+from ansible.module_utils.fetch.errors import (
     DownloadError,
     HttpStatusError,
     InsecureUrlError,
     TlsError,
     Transient,
 )
-from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions
+from ansible.module_utils.fetch.spec import CatalogEntry, FetchOptions
 from ansible.module_utils.http_client import (
     MAX_REDIRECTS,
     REDIRECT_STATUSES,

@@ -1,6 +1,6 @@
 """GGUF headers read once per file on the controller, kept as JSON in the controller's cache.
 
-The controller preflight (rigkit/controller_preflight.py) reads the headers of every rig's target and drafter
+The controller preflight (rigkit/validation/preflight.py) reads the headers of every rig's target and drafter
 in every run, for every rig: a Gemma vocabulary of 262k strings costs a few hundred milliseconds of Python per
 file, paid again by each rig that serves the same model. The files it reads are the models play's verified,
 content-addressed copies, so their header only changes with the file: the parse is kept under

@@ -1,5 +1,5 @@
 """Single byte ranges (RFC 9110 §14) for the file servers the kit runs on the controller: the model mirror
-(rigkit/model_mirror.py) and, in the tests, the Hugging Face stand-in, which adds only its faults on top.
+(rigkit/mirror/models.py) and, in the tests, the Hugging Face stand-in, which adds only its faults on top.
 
 One range only, as the fetcher asks (``bytes=START-``); a multi-range or malformed header is ignored (the whole
 file, 200), an unsatisfiable one is 416, and a number longer than any file size is never handed to ``int()``

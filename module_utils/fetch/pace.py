@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ansible.module_utils.fetch_errors import DownloadError
-from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions, human
+from ansible.module_utils.fetch.errors import DownloadError
+from ansible.module_utils.fetch.spec import CatalogEntry, FetchOptions, human
 
 
 class Pace:

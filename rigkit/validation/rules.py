@@ -9,7 +9,7 @@ refused with a "did you mean" suggestion. Each problem names the file that set t
 value and what is accepted; all problems of a rig are returned at once.
 
 Which file set a variable is rigkit/inventory_files.py's job; the checks on cached GGUF headers are
-rigkit/controller_preflight.py's.
+rigkit/validation/preflight.py's.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from ansible.module_utils.nvidia_compat import driver_version_problem, pci_devic
 from ansible.module_utils.preflight.memory import MEMORY_SETTINGS, MemorySettingError, auto_or_mib
 
 import rigkit
-from rigkit.compat_plan import ROLES as COMPAT_ROLES
-from rigkit.compat_plan import Lookup, archive_findings, compat_findings
 from rigkit.inventory_files import Sources, show
-from rigkit.rig_variables import (
+from rigkit.validation.compat import ROLES as COMPAT_ROLES
+from rigkit.validation.compat import Lookup, archive_findings, compat_findings
+from rigkit.validation.variables import (
     COMMIT_RE,
     COMPUTE_CAPABILITY_RE,
     CUDA_ARCHITECTURES_RE,

@@ -15,12 +15,12 @@ import re
 import ssl
 from collections.abc import Callable
 
-from ansible.module_utils.fetch_errors import DownloadError, Restart, Transient, VerificationError
-from ansible.module_utils.fetch_hash import ThreadedHasher
-from ansible.module_utils.fetch_http import open_get, request_headers
-from ansible.module_utils.fetch_pace import Pace
-from ansible.module_utils.fetch_part import PartWriter
-from ansible.module_utils.fetch_spec import CatalogEntry, FetchOptions, FetchResult
+from ansible.module_utils.fetch.errors import DownloadError, Restart, Transient, VerificationError
+from ansible.module_utils.fetch.hash import ThreadedHasher
+from ansible.module_utils.fetch.http import open_get, request_headers
+from ansible.module_utils.fetch.pace import Pace
+from ansible.module_utils.fetch.part import PartWriter
+from ansible.module_utils.fetch.spec import CatalogEntry, FetchOptions, FetchResult
 from ansible.module_utils.printable import printable
 
 # An attempt that received at least this much (or finished) resets the count of consecutive failures; a server

@@ -1,6 +1,6 @@
 """What a rig's description may contain, as data: the kit's variable prefixes, the role entry points that run on
 each kind of rig, the kit's own inventory keys, the names plays set at run time, and the ranges and formats the
-argument specs' types cannot express. rigkit/rig_validate.py checks a rig against these.
+argument specs' types cannot express. rigkit/validation/rules.py checks a rig against these.
 """
 
 from __future__ import annotations

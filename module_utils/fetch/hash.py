@@ -15,7 +15,7 @@ import queue
 import threading
 from typing import Any, BinaryIO
 
-from ansible.module_utils.fetch_errors import DownloadError
+from ansible.module_utils.fetch.errors import DownloadError
 
 HASH_CHUNK_SIZE = 1024 * 1024
 _POLL_S = 0.5  # how often a waiting caller checks that the worker is still alive

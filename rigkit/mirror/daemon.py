@@ -1,6 +1,6 @@
 """The model mirror as a detached process: start it (wait until it answers), serve, stop it by its pidfile.
 
-`rigkit mirror` (playbooks/models.yml) starts one per run; the HTTP side is rigkit/model_mirror.py.
+`rigkit mirror` (playbooks/models.yml) starts one per run; the HTTP side is rigkit/mirror/models.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from rigkit.model_mirror import MirrorError, ModelMirror
+from rigkit.mirror.models import MirrorError, ModelMirror
 from rigkit.paths import RIGKIT_BIN, UnsafeDirectoryError, private_dir
 
 MIRROR_START_TIMEOUT_S = 30.0

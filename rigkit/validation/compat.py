@@ -3,10 +3,10 @@ pinned driver → the kernels its DKMS module is known to build for. Refusals fo
 (``compat_problems``) and the lines ``make plan host=NAME`` prints (``plan_lines``); the rules themselves live in
 module_utils/cuda_compat.py and module_utils/nvidia_compat.py.
 
-On a rig that installs Debian's own driver packages, ``archive_report`` adds what Debian's archive says (read on
-the controller through rigkit/debian_archive.py, never on the rig): whether the packages the nvidia_driver role
-installs are still there at the pinned version (a dropped pin is refused, with the version of the same branch to
-move to), and the kernel ``linux-image-amd64`` would install next, against the kernels the DKMS receipt lists.
+On a rig that installs Debian's own driver packages, ``archive_report`` adds what Debian's archive says (read on the
+controller through rigkit/validation/debian_archive.py, never on the rig): whether the packages the nvidia_driver
+role installs are still there at the pinned version (a dropped pin is refused, with the version of the same branch
+to move to), and the kernel ``linux-image-amd64`` would install next, against the kernels the DKMS receipts list.
 Suites, components and package names are the role's own (roles/nvidia_driver/vars/), rendered for the release.
 """
 
@@ -32,7 +32,7 @@ from ansible.module_utils.cuda_compat import (
 from ansible.module_utils.nvidia_compat import compute_capability, open_modules_problem
 
 from rigkit import REPO, proofs
-from rigkit.debian_archive import ArchiveError, Index, dpkg_key, kernel_abi, mirrors, newest, split_version
+from rigkit.validation.debian_archive import ArchiveError, Index, dpkg_key, kernel_abi, mirrors, newest, split_version
 
 IMAGE_BASE = "llamacpp_image_runtime_base"
 _DKMS_LINE_RE = re.compile(r"^nvidia(?:-current)?(?:-open)?/(?P<driver>[0-9.]+), (?P<kernel>[^,\s]+), \S+: installed$")

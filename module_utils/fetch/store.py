@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from typing import Any, BinaryIO
 
 from ansible.module_utils.atomic_file import write_atomic
-from ansible.module_utils.fetch_errors import FetchError
-from ansible.module_utils.fetch_spec import CatalogEntry
+from ansible.module_utils.fetch.errors import FetchError
+from ansible.module_utils.fetch.spec import CatalogEntry
 
 VERIFY_DIR = ".rigkit-verified"
 RECORD_SCHEMA = 1

@@ -27,11 +27,11 @@ from ansible.module_utils.preflight.server import (
     preflight,
 )
 
-from rigkit.catalog_shape import CATALOG_FILE, catalog_meta, has_shape
-from rigkit.gguf_header_cache import cached_reader
 from rigkit.inventory_files import Sources
 from rigkit.paths import cached_model_path
-from rigkit.rig_validate import role_defaults
+from rigkit.validation.catalog_shape import CATALOG_FILE, catalog_meta, has_shape
+from rigkit.validation.gguf_headers import cached_reader
+from rigkit.validation.rules import role_defaults
 
 
 def _int_or(value: Any, default: int) -> int:

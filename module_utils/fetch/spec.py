@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ansible.module_utils.fetch_errors import EntryError, FetchError
+from ansible.module_utils.fetch.errors import EntryError, FetchError
 from ansible.module_utils.model_catalog import CatalogError, check_deployable
 
 DEFAULT_BASE_URL = "https://huggingface.co"

@@ -63,8 +63,8 @@ from typing import Any, TextIO
 
 from ansible.module_utils.net_address import is_loopback
 
-from rigkit.http_range import answer_range
-from rigkit.mirror_files import open_served_file, url_parts
+from rigkit.mirror.files import open_served_file, url_parts
+from rigkit.mirror.http_range import answer_range
 
 __all__ = ["MirrorError", "ModelMirror", "escape_log"]
 

@@ -2,7 +2,7 @@
 ``/<owner>/<repo>/resolve/<revision>/<file>`` with no hidden component (``.rigkit-verified``, ``..``) and no
 ``.part``; the file is opened component by component with ``O_NOFOLLOW`` (no symlink under the root is followed)
 and ``O_NONBLOCK`` (a FIFO never hangs a handler), and only a regular file, checked on the open descriptor, is
-served. Used by rigkit/model_mirror.py.
+served. Used by rigkit/mirror/models.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`make discover`: turn what a machine reports about itself into a commented host profile.
 
 Pure functions on command outputs (tested on canned outputs in tests/unit/test_rig_discovery.py); bin/rigkit
-runs the read-only commands (GATHER_SCRIPT, rigkit/rig_facts.py with the parsers) over SSH or `docker exec` and
+runs the read-only commands (GATHER_SCRIPT, rigkit/discovery/facts.py with the parsers) over SSH or `docker exec` and
 writes the result.
 
     facts = parse_gather(text)                           # sections of GATHER_SCRIPT's output
@@ -25,9 +25,7 @@ from ansible.module_utils.nvidia_compat import DRIVER_PINS, compute_capability, 
 from ansible.module_utils.preflight.memory import HEADROOM_VARIABLE, memory_headroom_mib
 from ansible.module_utils.preflight.server import estimate_memory, largest_fitting_ctx
 
-from rigkit.catalog_shape import MissingShape
-from rigkit.catalog_shape import catalog_meta as shape_meta
-from rigkit.rig_facts import (
+from rigkit.discovery.facts import (
     COMPUTE_CAPABILITY_RE,
     GPU_NAME_RE,
     MODELS_DIR,
@@ -37,6 +35,8 @@ from rigkit.rig_facts import (
     checked,
     shown,
 )
+from rigkit.validation.catalog_shape import MissingShape
+from rigkit.validation.catalog_shape import catalog_meta as shape_meta
 
 __all__ = [
     "HostVarsLoader",
@@ -79,7 +79,8 @@ SUPPORTED = ", ".join(f"{d.capitalize()} {v}" for d, v in DRIVER_PINS)
 
 # ---------------------------------------------------------------------------------------------- memory model
 def catalog_meta(name: str, entry: dict[str, Any]) -> GgufMetadata:
-    """The entry's shape facts as a GGUF header (rigkit/catalog_shape.py); discover says why it needs them."""
+    """The entry's shape facts as a GGUF header (rigkit/validation/catalog_shape.py); discover says why it needs
+    them."""
     try:
         return shape_meta(name, entry)
     except MissingShape as exc:
@@ -105,7 +106,7 @@ def _choose_gpu(facts: Facts, vram_override: int | None) -> Gpu:
         if facts.unknown_nvidia:
             lines = "\n  ".join(facts.unknown_nvidia)
             raise DiscoverError(
-                f"found an NVIDIA GPU whose PCI ID is not in the kit's table (rigkit/rig_facts.py "
+                f"found an NVIDIA GPU whose PCI ID is not in the kit's table (rigkit/discovery/facts.py "
                 f"PCI_GPUS) and no working driver to ask:\n  {lines}\nAdd its ID with name, memory sizes and "
                 "compute capability to PCI_GPUS, or install the driver (nvidia-smi) and run make discover again"
             )
@@ -289,7 +290,7 @@ def plan_profile(
         memory = f"VRAM ({budget:,} MiB)"
 
     comments["models_target"] = (
-        f"Models: the catalog pair for {rig_class} (rigkit/rig_discovery.py "
+        f"Models: the catalog pair for {rig_class} (rigkit/discovery/profile.py "
         f"{'RIG_CLASSES' if kind == 'gpu' else 'CPU_PAIR, as inventory/host_vars/sandbox.yml'}; "
         "inventory/group_vars/all/model_catalog.yml)"
     )
@@ -500,7 +501,7 @@ def render_host_vars(profile: Profile) -> str:
     back = read_host_vars(text)
     if not _same(back, written):
         raise DiscoverError(
-            f"the host profile for {profile.host} does not read back as written (a bug in rigkit/rig_discovery.py "
+            f"the host profile for {profile.host} does not read back as written (a bug in rigkit/discovery/profile.py "
             "render_host_vars): nothing was written; report it with the output of rigkit discover --print-script"
         )
     return text

@@ -1,0 +1,1 @@
+"""The controller's model mirror: fetch once, verify, serve the rigs over HTTP with ranges."""

@@ -1,0 +1,1 @@
+"""The controller's checks before any rig is touched: variables, rules, preflight, driver compatibility."""
