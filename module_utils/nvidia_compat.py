@@ -1,8 +1,8 @@
 """Which NVIDIA driver, kernel-module flavour, GPU and repository key go together (stdlib only: runs on rigs).
 
 One home for these rules: the nvidia_driver role calls them through filters (filter_plugins/nvidia_driver.py),
-the controller's validation (rigkit/rig_validate.py) before any rig is contacted, and discovery
-(rigkit/rig_discovery.py) when it writes a host profile.
+the controller's validation (rigkit/validation/rules.py) before any rig is contacted, and discovery
+(rigkit/discovery/profile.py) when it writes a host profile.
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ __all__ = [
     "PublicKey",
     "armor",
     "normalise_fingerprint",
-    "primary_fingerprints",
     "read_public_key",
 ]
 
@@ -228,8 +227,3 @@ def read_public_key(data: bytes) -> PublicKey:
     if strangers:
         raise KeyFileError(f"packets of type {', '.join(map(str, strangers))}, which a public key is not made of")
     return PublicKey(_fingerprint(packets[0].body), tuple(packets))
-
-
-def primary_fingerprints(data: bytes) -> list[str]:
-    """The fingerprint of the one primary key in ``data`` (a list, as before files with several were refused)."""
-    return [read_public_key(data).fingerprint]

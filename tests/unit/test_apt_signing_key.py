@@ -23,7 +23,6 @@ from ansible.module_utils.openpgp_key import (
     Packet,
     PublicKey,
     normalise_fingerprint,
-    primary_fingerprints,
     read_public_key,
 )
 
@@ -116,7 +115,7 @@ def served(keys: dict[str, Any]) -> Iterator[str]:
 def test_fingerprints_match_gpg(keys: dict[str, Any]) -> None:
     for name in ("vendor", "attacker"):
         for ext in ("asc", "gpg"):
-            assert primary_fingerprints((keys["dir"] / f"{name}.{ext}").read_bytes()) == [keys[name]]
+            assert read_public_key((keys["dir"] / f"{name}.{ext}").read_bytes()).fingerprint == keys[name]
     assert normalise_fingerprint("9dc8 5822 9fc7 dd38 854a  e2d8 8d81 803c 0ebf cd88") == (
         "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
     )
@@ -125,7 +124,7 @@ def test_fingerprints_match_gpg(keys: dict[str, Any]) -> None:
 @pytest.mark.parametrize("data", [b"<html>not found</html>", b"", b"\xff" * 64])
 def test_not_a_key_is_refused(data: bytes) -> None:
     with pytest.raises(KeyFileError):
-        primary_fingerprints(data)
+        read_public_key(data)
 
 
 def run_module(args: dict[str, Any]) -> dict[str, Any]:
