@@ -37,16 +37,27 @@ from __future__ import annotations
 
 import argparse
 
-from rigkit.cli import bench, cuda_standin, discover, fleet, fleet_graph, inventory, observe, pin, plan, proof
-from rigkit.mirror import daemon as mirror_daemon
-from rigkit.sandbox import hub
+from rigkit.cli import (
+    bench,
+    cuda_standin,
+    discover,
+    fleet,
+    fleet_graph,
+    inventory,
+    mirror,
+    observe,
+    pin,
+    plan,
+    proof,
+    sandbox_hub,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rigkit", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (
-        inventory, pin, mirror_daemon, hub, bench, fleet, discover, plan, proof, cuda_standin, observe, fleet_graph,
+        inventory, pin, mirror, sandbox_hub, bench, fleet, discover, plan, proof, cuda_standin, observe, fleet_graph,
     ):  # fmt: skip
         module.register(commands)
     args = parser.parse_args(argv)
