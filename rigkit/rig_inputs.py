@@ -62,10 +62,6 @@ NOT_INPUT_PREFIXES = (
 NOT_INPUT_NAMES = {
     *CONTEXT_NAMES,
     "models_missing",
-    "llama_server_report",
-    "llama_server_canary",
-    "llama_server_preflight_result",
-    "docker_server_version",
     "container_harness_rig",
     "container_harness_engine",
 }

@@ -92,18 +92,10 @@ RUNTIME_VARIABLES = frozenset(
         "rig_status_deployed",
         "rig_lock_deployed",
         "rig_lock_expected",
-        "rig_lock_comparison",
-        "rig_lock_result",
-        "models_fetched",
-        "models_found",
         "rig_validation_results",
         "rig_validation_preflight",
-        "llama_server_preflight_result",
-        "llama_server_canary",
-        "llama_server_report",
         "container_harness_engine",
         "container_harness_rig",
-        "docker_server_version",
         "nvidia_driver_gpu",
     }
 )

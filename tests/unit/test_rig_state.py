@@ -326,7 +326,7 @@ def test_the_inputs_are_the_role_variables_not_the_runs_own_results() -> None:
         "ansible_host",
         "groups",
         "playbook_dir",
-        "llama_server_report",
+        "__llama_server_report",
         "rig_state_check",
         "rig_lock_deployed",
         "models_missing",
@@ -342,7 +342,7 @@ def test_the_inputs_are_the_role_variables_not_the_runs_own_results() -> None:
         != before
     )
     assert (
-        inputs_digest({**values, "llama_server_report": {"x": 1}}, {**values, "llama_server_report": 1}.__getitem__)
+        inputs_digest({**values, "__llama_server_report": {"x": 1}}, {**values, "__llama_server_report": 1}.__getitem__)
         == before
     )
     # What roles/rig_context names is derived from the inputs: the fast path digests before naming anything, the
