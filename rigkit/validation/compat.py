@@ -336,7 +336,10 @@ def archive_report(host: str, values: Mapping[str, Any], lookup: Lookup, root: P
         pins, findings, read = _pin_rows(host, rig, packages, sources, lookup, root)
     else:
         pins, findings, read = (
-            [f"not checked: no nvidia_driver_version (apt takes branch {rig.branch}'s newest)"],
+            [
+                f'not checked: nvidia_driver_version "" follows branch {rig.branch} (the rig keeps the build it has; '
+                "a new rig gets the archive's newest, recorded in the lock)"
+            ],
             [],
             [],
         )

@@ -227,6 +227,16 @@ def test_a_next_kernel_the_receipt_does_not_list_is_a_warning(archive: StandInAr
     assert kernel.endswith("re-run make proof-nvidia-driver-dkms-debian12")
 
 
+def test_a_followed_branch_has_no_pin_to_check_and_says_what_the_rig_gets(archive: StandInArchive):
+    publish_bookworm(archive)
+    lines, findings = report("desktop3050", nvidia_driver_version="")
+    assert findings == []
+    assert (
+        'not checked: nvidia_driver_version "" follows branch 535 (the rig keeps the build it has; a new rig gets '
+        "the archive's newest, recorded in the lock)" in "\n".join(lines)
+    )
+
+
 def test_a_rig_on_nvidias_repository_is_not_checked(archive: StandInArchive):
     lines, findings = report("desktop3050", nvidia_driver_source="nvidia")
     assert findings == [] and archive.requests == []
