@@ -112,7 +112,18 @@ def units(names: Iterable[str]) -> list[str]:
     if not names:
         return []
     shown = _output(["systemctl", "show", "--property", "Id,ActiveState,SubState,UnitFileState", "--", *names])
-    return [line for line in shown.splitlines() if line]
+    return unit_lines(shown)
+
+
+def unit_lines(shown: str) -> list[str]:
+    """``systemctl show``'s blocks (one per unit, blank-line separated) as lines; a timer's SubState is left out:
+    it reads "running" while its service runs (every few seconds for the GPU collector), which is no change."""
+    lines: list[str] = []
+    for block in shown.split("\n\n"):
+        rows = [row for row in block.splitlines() if row]
+        timer = any(row.startswith("Id=") and row.endswith(".timer") for row in rows)
+        lines += [row for row in rows if not (timer and row.startswith("SubState="))]
+    return lines
 
 
 class _EngineConnection(http.client.HTTPConnection):

@@ -54,7 +54,6 @@ NOT_INPUT_PREFIXES = (
     "rig_converged",
     "rig_lock_",
     "rig_validation_",
-    "models_fleet_",
 )
 # What roles/rig_context names from the inputs (CONTEXT_NAMES: pure functions of them and of the code, both
 # digested) is left out, so that the digest is the same whether or not the names were computed before it (the
@@ -62,6 +61,7 @@ NOT_INPUT_PREFIXES = (
 NOT_INPUT_NAMES = {
     *CONTEXT_NAMES,
     "models_missing",
+    "models_fleet_arrived",
     "container_harness_rig",
     "container_harness_engine",
 }

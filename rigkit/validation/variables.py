@@ -87,6 +87,7 @@ CONTEXT_NAMES = frozenset(
 RUNTIME_VARIABLES = frozenset(
     {
         *CONTEXT_NAMES,
+        "models_fleet_arrived",
         "rig_status_output",
         "rig_status_row",
         "rig_status_deployed",
@@ -99,7 +100,7 @@ RUNTIME_VARIABLES = frozenset(
         "nvidia_driver_gpu",
     }
 )
-RUNTIME_PREFIXES = ("models_fleet_", "models_molecule_")
+RUNTIME_PREFIXES = ("models_molecule_",)
 
 # rig_gpu's fields (a GPU rig's inventory).
 RIG_GPU_FIELDS = ("name", "vram_mib", "compute_capability", "headless", "pci_device_id")

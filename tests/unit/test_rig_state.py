@@ -108,6 +108,23 @@ def test_the_state_reads_this_machines_packages_units_and_kernel(tree: Path) -> 
     assert any("no-such-unit.service" in line for line in state["units"]) or state["units"][0].startswith("<")
 
 
+def test_a_timer_firing_is_no_change_of_its_unit() -> None:
+    """The GPU collector's timer reads SubState=running while its service runs: the fast path must not converge."""
+    from ansible.module_utils.rig_state import unit_lines
+
+    def shown(timer_sub: str) -> str:
+        return (
+            "Id=prometheus-node-exporter.service\nActiveState=active\nSubState=running\nUnitFileState=enabled\n\n"
+            f"Id=rigkit-gpu-metrics.timer\nActiveState=active\nSubState={timer_sub}\nUnitFileState=enabled\n"
+        )
+
+    assert unit_lines(shown("waiting")) == unit_lines(shown("running"))
+    assert "SubState=running" in unit_lines(shown("waiting"))  # a service's SubState still counts
+    assert unit_lines(shown("waiting")) != unit_lines(
+        shown("waiting").replace("ActiveState=active\nSubState=w", "ActiveState=inactive\nSubState=w")
+    )
+
+
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """A Docker engine API on a unix socket: GET of a path in ``routes`` answers its JSON, any other 404."""
