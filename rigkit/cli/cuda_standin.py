@@ -23,14 +23,13 @@ def pick_base(tags: list[str], suite: str) -> str:
 
 def harness_base_image() -> str:
     """The kit's Debian base image of the harness's default release (make harness builds it)."""
-    from rigkit import REPO
-    from rigkit.validation.rules import plain_defaults
+    from rigkit.validation.rules import role_defaults
 
     done = subprocess.run(
         ["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "rigkit/debian"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    suite = plain_defaults(str(REPO / "roles"), "container_harness")["container_harness_debian_suite"]
+    suite = role_defaults("container_harness")["container_harness_debian_suite"]
     return pick_base(done.stdout.splitlines() if done.returncode == 0 else [], suite)
 
 

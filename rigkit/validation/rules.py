@@ -410,7 +410,9 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
     version = values.get("nvidia_driver_version")
     if isinstance(version, str) and (
         why := driver_version_problem(
-            values.get("nvidia_driver_source", "distro"), values.get("nvidia_driver_branch"), version
+            values.get("nvidia_driver_source", role_defaults("nvidia_driver")["nvidia_driver_source"]),
+            values.get("nvidia_driver_branch"),
+            version,
         )
     ):
         report.add("nvidia_driver_version", version, why)

@@ -156,6 +156,11 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         ['{file}: nvidia_driver_version is "latest"; expected an exact driver version'],
     ),
     (
+        "driver-branch-followed-from-nvidias-repository",
+        {"nvidia_driver_source": "nvidia", "nvidia_driver_version": ""},
+        ['{file}: nvidia_driver_version is ""; expected an exact driver version: "" (follow the branch) is for'],
+    ),
+    (
         "typo-ctx",
         {"llama_server_ctx_sizee": 16384},
         ["{file}: llama_server_ctx_sizee is 16384; no role declares this variable; did you mean llama_server_ctx_size"],
