@@ -117,9 +117,14 @@ def driver_version_problem(source: Any, branch: Any, version: Any) -> str | None
         )
     if not isinstance(version, str) or not DRIVER_VERSION_RE.fullmatch(version):
         return 'expected an exact driver version such as 535.309.01, or "" to follow the branch (distro packages)'
-    if isinstance(branch, str) and version.split(".")[0] != branch:
+    if isinstance(branch, str) and not is_of_branch(version, branch):
         return f"expected a version of nvidia_driver_branch {branch} ({branch}.x.y); change one of the two"
     return None
+
+
+def is_of_branch(version: str, branch: Any) -> bool:
+    """'535.309.01' is of branch 535: the branch is the version's first field."""
+    return version.split(".")[0] == str(branch)
 
 
 def upstream_version(package_version: str) -> str:
@@ -134,7 +139,7 @@ def branch_build(policy: str, branch: str, package: str) -> str:
     lines = dict(_POLICY_LINE_RE.findall(policy))
     for field in ("Installed", "Candidate"):
         value = lines.get(field, "(none)")
-        if value != "(none)" and upstream_version(value).split(".")[0] == str(branch):
+        if value != "(none)" and is_of_branch(upstream_version(value), branch):
             return upstream_version(value)
     raise ValueError(
         f"apt has no build of NVIDIA branch {branch} for {package} (installed {lines.get('Installed', '(none)')}, "

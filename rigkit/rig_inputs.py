@@ -62,8 +62,6 @@ NOT_INPUT_NAMES = {
     *CONTEXT_NAMES,
     "models_missing",
     "models_fleet_arrived",
-    "container_harness_rig",
-    "container_harness_engine",
 }
 
 

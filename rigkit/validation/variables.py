@@ -95,9 +95,6 @@ RUNTIME_VARIABLES = frozenset(
         "rig_lock_expected",
         "rig_validation_results",
         "rig_validation_preflight",
-        "container_harness_engine",
-        "container_harness_rig",
-        "nvidia_driver_gpu",
     }
 )
 RUNTIME_PREFIXES = ("models_molecule_",)
