@@ -14,6 +14,9 @@ host ?= sandbox
 VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
 ARGS ?=
 PYTEST_ARGS ?=
+# make test's workers (pytest-xdist): the container tests wait on servers and rigs about half the time, so two
+# per core overlap those waits; tests/integration/conftest.py keeps the tests that share a rig in one worker.
+TEST_WORKERS ?= 3
 
 .PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan cuda-standin observe fleet-graph
 
@@ -97,7 +100,7 @@ cuda-standin: harness ## build the stand-in CUDA base images from NVIDIA's PyPI 
 	$(BIN)/python bin/rigkit cuda-standin
 
 test: setup ## run every test (unit, then the container integration tests)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --numprocesses=$(TEST_WORKERS) --dist=loadgroup $(PYTEST_ARGS)
 
 lint: setup ## ansible-lint (production), yamllint, ruff, playbook syntax check, promtool on the fleet monitor's config and rules
 	$(BIN)/ansible-lint

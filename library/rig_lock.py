@@ -39,7 +39,7 @@ EXAMPLES = r"""
   rig_lock:
     path: inventory/rigs.lock.json
     host: "{{ inventory_hostname }}"
-    deployed: "{{ rig_lock_deployed }}"
+    deployed: "{{ __rig_lock_deployed }}"
   delegate_to: localhost
 """
 

@@ -17,26 +17,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rigkit import REPO
-from rigkit.validation.variables import CONTEXT_NAMES
+from rigkit.validation.variables import CONTEXT_NAMES, SHAPING_ROLES
 
 CODE_DIRS = ("roles", "library", "module_utils", "filter_plugins", "callback_plugins", "playbooks", "docker")
 CODE_FILES = ("ansible.cfg", "requirements.txt")
 SKIPPED_DIRS = {"molecule", "__pycache__", ".pytest_cache"}
 SKIPPED_SUFFIXES = (".md", ".pyc")
 
-# Variables that shape what the roles do: the roles' prefixes, the rig's own description, the catalog.
-PREFIXES = (
-    "cuda_",
-    "container_harness_",
-    "docker_",
-    "llama_server_",
-    "llamacpp_image_",
-    "models_",
-    "node_exporter_",
-    "nvidia_container_toolkit_",
-    "nvidia_driver_",
-    "rig_",
-)
+# Variables that shape what the roles do: the shaping roles' prefixes, the rig's own description, the catalog.
+PREFIXES = (*(f"{role}_" for role in SHAPING_ROLES), "rig_")
 NAMES = (
     "model_catalog",
     "ansible_host",

@@ -34,6 +34,45 @@ def tiny_gemma4_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     return write_pair(out / "tiny-gemma4.gguf", out / "tiny-gemma4-assistant.gguf")
 
 
+# --- make test's workers (pytest-xdist) -------------------------------------------------------------------------
+# Each group of tests runs in one worker, in order; tests in no group go to any worker. These integration modules
+# share the kit's sandbox rigs (sandbox and sandbox-mtp, converged once per worker by their session fixtures, and
+# sandbox-3 beside them); every other integration module has rigs and ports of its own and is a group by itself;
+# each Molecule scenario and each unit test stands alone.
+SHARED_SANDBOX_RIGS = (
+    "test_bench.py",
+    "test_fleet.py",
+    "test_fleet_services.py",
+    "test_llama_server.py",
+    "test_llamacpp_image.py",
+    "test_sandbox_provision.py",
+)
+STANDALONE_INTEGRATION_TESTS = ("test_molecule.py",)
+
+
+def worker_group(nodeid: str) -> str | None:
+    """The group a test runs in (None: any worker), from its node id."""
+    path = nodeid.split("::", 1)[0]
+    directory, _, module = path.rpartition("/")
+    if not directory.endswith("tests/integration") or module in STANDALONE_INTEGRATION_TESTS:
+        return None
+    return "sandbox-rigs" if module in SHARED_SANDBOX_RIGS else module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """--dist=loadgroup by worker_group (pytest-xdist's own reads xdist_group marks, which pytest 9 loses)."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RigGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid) or nodeid
+
+    return RigGroupScheduling(config, log)
+
+
 # --- Every skip explicit and counted ----------------------------------------------------------------------------
 # A skip is either "not applicable" by the inventory (tests.support.not_applicable: GPU checks on a sandbox rig)
 # or a missing prerequisite (tests.support.unavailable, which already fails under CI). Under CI any other skip

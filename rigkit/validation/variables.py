@@ -8,27 +8,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-# Variable-name prefixes owned by the kit: such a variable must be declared somewhere.
-PREFIXES = (
-    "nvidia_container_toolkit_",
-    "container_harness_",
-    "llamacpp_image_",
-    "nvidia_driver_",
-    "llama_server_",
-    "llama_bench_",
-    "rig_lock_",
-    "node_exporter_",
-    "models_",
-    "docker_",
-    "cuda_",
-    "rig_",
-    # broader kit prefixes, so that a typo inside a role's prefix (nvidia_drvier_version) is caught too
-    "nvidia_",
-    "llama_",
-)
+from rigkit import REPO
 
-# The role entry points that run on a rig of each kind (playbooks/provision.yml, bench.yml, status.yml).
-COMMON_ENTRY_POINTS = (
+# The role entry points that run on a rig of each kind: what playbooks/provision.yml (and status.yml) runs, which
+# shapes the rig, and what bench.yml runs, which only reads it.
+PROVISION_ENTRY_POINTS = (
     ("docker", "main"),
     ("llamacpp_image", "main"),
     ("models", "main"),
@@ -37,9 +21,10 @@ COMMON_ENTRY_POINTS = (
     ("node_exporter", "main"),
     ("rig_lock", "main"),
     ("rig_state", "check"),
-    ("llama_bench", "main"),
     ("rig_context", "main"),
 )
+BENCH_ENTRY_POINTS = (("llama_bench", "main"),)
+COMMON_ENTRY_POINTS = (*PROVISION_ENTRY_POINTS, *BENCH_ENTRY_POINTS)
 ENTRY_POINTS: dict[str, tuple[tuple[str, str], ...]] = {
     "gpu": (
         ("nvidia_driver", "main"),
@@ -49,6 +34,15 @@ ENTRY_POINTS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "sandbox": (("container_harness", "main"), ("container_harness", "rig"), *COMMON_ENTRY_POINTS),
 }
+
+# Variable-name prefixes owned by the kit, one per role under roles/: such a variable must be declared somewhere.
+# The broader ones catch a typo inside a role's prefix (nvidia_drvier_version) too.
+KIT_ROLES = tuple(sorted(path.name for path in (REPO / "roles").iterdir() if (path / "tasks").is_dir()))
+PREFIXES = (*(f"{role}_" for role in KIT_ROLES), "rig_", "nvidia_", "llama_")
+# The roles whose variables shape a rig (every entry point but the bench's): rigkit/rig_inputs.py digests them.
+SHAPING_ROLES = tuple(
+    sorted({role for points in ENTRY_POINTS.values() for role, _ in points} - {role for role, _ in BENCH_ENTRY_POINTS})
+)
 
 # Inventory keys of the kit itself and of the models play (playbooks/models.yml), which no role declares.
 # Same shape as an argument spec's options (README, "Inventory keys").
@@ -89,12 +83,6 @@ RUNTIME_VARIABLES = frozenset(
         *CONTEXT_NAMES,
         "models_fleet_arrived",
         "rig_status_output",
-        "rig_status_row",
-        "rig_status_deployed",
-        "rig_lock_deployed",
-        "rig_lock_expected",
-        "rig_validation_results",
-        "rig_validation_preflight",
     }
 )
 RUNTIME_PREFIXES = ("models_molecule_",)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import recap, run, wait_for_image_build
+from tests.support import ARTIFACTS, recap, run, wait_for_image_build
 
 # Tests that never need the llama.cpp image run first.
 FIRST = ("test_harness.py", "test_molecule.py", "test_models_fleet.py")
@@ -25,11 +25,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def harness() -> dict[str, int]:
-    """Docker engine + base and rig images, as `make harness` leaves them; returns the second run's recap."""
-    first = run(["ansible-playbook", "playbooks/harness.yml"], log_name="harness-first")
-    assert first.returncode == 0, first.tail()
-    second = run(["ansible-playbook", "playbooks/harness.yml"], log_name="harness-second")
-    assert second.returncode == 0, second.tail()
+    """Docker engine + base and rig images, as `make harness` leaves them; returns the second run's recap. One
+    worker at a time (each worker has its session): the second run of each must find nothing to change."""
+    import fcntl
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with (ARTIFACTS / ".harness.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        first = run(["ansible-playbook", "playbooks/harness.yml"], log_name="harness-first")
+        assert first.returncode == 0, first.tail()
+        second = run(["ansible-playbook", "playbooks/harness.yml"], log_name="harness-second")
+        assert second.returncode == 0, second.tail()
     return recap(second.output)["localhost"]
 
 

@@ -28,8 +28,7 @@ from ansible.module_utils.llama_server.api import (
 )
 
 from rigkit.sandbox.tiny_gemma4 import BYTE_TOKEN_BASE, expected_continuation, write_pair
-from tests.gpu.local_server import free_port
-from tests.support import REPO, unavailable, wait_for_image_build
+from tests.support import REPO, free_port, unavailable, wait_for_image_build
 
 IMAGE_REPOSITORY = "rigkit/llama-server"
 # The rig suite's threshold for the sandbox-mtp rig that serves this pair.

@@ -28,7 +28,7 @@ PLAYBOOK = """---
         tasks_from: expected.yml
     - name: Show it
       ansible.builtin.debug:
-        msg: "{{ rig_lock_expected | to_json }}"
+        msg: "{{ __rig_lock_expected | to_json }}"
 """
 
 

@@ -345,7 +345,7 @@ def test_the_inputs_are_the_role_variables_not_the_runs_own_results() -> None:
         "playbook_dir",
         "__llama_server_report",
         "rig_state_check",
-        "rig_lock_deployed",
+        "__rig_lock_deployed",
         "models_missing",
         "rig_state_inputs",
         "inventory_hostname",

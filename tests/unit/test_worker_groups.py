@@ -1,0 +1,31 @@
+"""make test's workers: a module that converges or reads the kit's sandbox rigs runs in their one group, so that no
+two workers provision the same rig at once."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import SHARED_SANDBOX_RIGS, STANDALONE_INTEGRATION_TESTS, worker_group
+from tests.support import REPO
+
+INTEGRATION = REPO / "tests/integration"
+# The session fixtures that converge the kit's sandbox rigs (tests/integration/conftest.py).
+SANDBOX_FIXTURES_RE = re.compile(r"\b(sandbox_provisioned|mtp_provisioned)\b")
+
+
+def test_every_module_that_uses_the_sandbox_rigs_shares_their_group():
+    using = {path.name for path in INTEGRATION.glob("test_*.py") if SANDBOX_FIXTURES_RE.search(path.read_text())}
+    assert using == set(SHARED_SANDBOX_RIGS)
+
+
+def test_the_named_modules_exist():
+    for name in (*SHARED_SANDBOX_RIGS, *STANDALONE_INTEGRATION_TESTS):
+        assert (INTEGRATION / name).is_file(), name
+
+
+def test_groups_by_node_id():
+    assert worker_group("tests/integration/test_fleet.py::test_status_shows_all_three") == "sandbox-rigs"
+    assert worker_group("tests/integration/test_bench.py::test_report[sandbox-mtp]") == "sandbox-rigs"
+    assert worker_group("tests/integration/test_server_tls.py::test_x") == "test_server_tls.py"
+    assert worker_group("tests/integration/test_molecule.py::test_molecule_scenario[docker-default]") is None
+    assert worker_group("tests/unit/test_fleet_gateway.py::test_x") is None
