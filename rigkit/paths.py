@@ -12,7 +12,9 @@ from typing import Any
 from rigkit import REPO
 
 INVENTORY = REPO / "inventory" / "hosts.yml"
-CATALOG = REPO / "inventory" / "group_vars" / "all" / "model_catalog.yml"
+# The model catalog, as messages name it (relative to the repository) and as a path.
+CATALOG_FILE = "inventory/group_vars/all/model_catalog.yml"
+CATALOG = REPO / CATALOG_FILE
 HOST_VARS = REPO / "inventory" / "host_vars"
 BENCH_REPORTS = REPO / "reports" / "bench"
 BENCH_SCHEMA = REPO / "roles" / "llama_bench" / "files" / "bench-report.schema.json"

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from ansible.module_utils.fetch.model import FetchOptions, FetchResult, record_path
 
-from rigkit.paths import cache_dir, image_lock
+from rigkit.paths import CATALOG, cache_dir, image_lock
+from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
+
+if TYPE_CHECKING:
+    from tests.fixtures.hf_standin import Fault, HfStandin
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -24,6 +32,11 @@ CACHE_DIR = cache_dir()
 # Below the kernel's ephemeral range (32768-60999 by default): a port picked there can be taken, between the pick and
 # the bind, as the local end of any outgoing connection on the machine, which the suite makes many of.
 _LISTENER_PORTS = (20000, 32000)
+
+
+def model_catalog() -> dict:
+    """The kit's model catalog (inventory/group_vars/all/model_catalog.yml), a fresh copy each call."""
+    return yaml.safe_load(CATALOG.read_text())["model_catalog"]
 
 
 def own_cache(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
@@ -401,3 +414,146 @@ def rig_suite(host: str, *, log_name: str, inventory: str | None = "inventory/ho
     for name, reason in outcome.skipped.items():
         assert reason.startswith(NOT_APPLICABLE) and "no GPU by inventory" in reason, (name, reason)
     return outcome
+
+
+# --- Model downloads against the stand-in hub (tests/fixtures/hf_standin.py; fixtures in tests/unit/conftest.py) ---
+REV = "0123456789abcdef0123456789abcdef01234567"
+HF_REPO = "rigkit-test/tiny-gemma4-GGUF"
+MiB = 1024 * 1024
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Served:
+    path: Path
+    filename: str
+    sha256: str
+    size: int
+    architecture: str
+    repo: str = HF_REPO
+    revision: str = REV
+
+    def entry(self, **override: Any) -> dict[str, Any]:
+        data = {
+            "repo": self.repo,
+            "revision": self.revision,
+            "filename": self.filename,
+            "sha256": self.sha256,
+            "size": self.size,
+            "architecture": self.architecture,
+            "role": "target",
+        }
+        return {**data, **override}
+
+    def publish(self, hub: HfStandin, **kw: Any) -> Served:
+        hub.add_file(self.repo, self.revision, self.filename, self.path, sha256=self.sha256, **kw)
+        return self
+
+    def served_by(self, hub: HfStandin) -> int:
+        return hub.bytes_served(self.repo, self.revision, self.filename)
+
+    def fault(self, hub: HfStandin, *faults: Fault) -> None:
+        for fault in faults:
+            hub.add_fault(self.repo, self.revision, self.filename, fault)
+
+
+def describe(path: Path, filename: str, architecture: str) -> Served:
+    return Served(path, filename, sha256(path), path.stat().st_size, architecture)
+
+
+def options(hub: HfStandin, **override: Any) -> FetchOptions:
+    base: dict[str, Any] = {
+        "base_url": hub.base_url,
+        "allow_insecure_http": True,
+        "connect_timeout": 2.0,
+        "read_timeout": 2.0,
+        "retries": 2,
+        "backoff_initial": 0.01,
+        "backoff_max": 0.05,
+    }
+    return FetchOptions(**{**base, **override})
+
+
+def seed_previous(dest: Path, seed: int = 99) -> str:
+    """Put an older, valid model at the final path; returns its sha256."""
+    write_arch_gguf(dest, "gemma4", seed=seed, name="previous")
+    return sha256(dest)
+
+
+def part_of(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".part")
+
+
+def assert_untouched(dest: Path, previous_sha: str | None, *, part_kept: bool = False) -> None:
+    if previous_sha is None:
+        assert not dest.exists(), f"{dest} appeared after a failure"
+    else:
+        assert sha256(dest) == previous_sha, f"{dest} changed after a failure"
+    assert part_of(dest).exists() == part_kept
+
+
+def assert_installed(dest: Path, served: Served, result: FetchResult) -> None:
+    assert sha256(dest) == served.sha256
+    assert result.path == str(dest) and result.sha256 == served.sha256
+    assert not part_of(dest).exists()
+    record = json.loads(Path(record_path(str(dest))).read_text())
+    st = dest.stat()
+    assert record["sha256"] == served.sha256
+    assert (record["size"], record["mtime_ns"], record["inode"], record["device"]) == (
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ino,
+        st.st_dev,
+    )
+
+
+def tls_options(hub: HfStandin, ca: Path, **override: Any) -> FetchOptions:
+    return options(hub, allow_insecure_http=False, ca_file=str(ca), **override)
+
+
+def run_gguf_fetch(args: dict[str, Any], *extra: str) -> tuple[dict[str, Any], str]:
+    """`ansible localhost -m gguf_fetch` ad hoc with the system Python; (host result, everything printed)."""
+    return run_module("gguf_fetch", args, *extra, system_python=True)
+
+
+# --- Seed rigs and proof receipts ----------------------------------------------------------------------------
+def seed_values(host: str) -> dict:
+    """A seed GPU rig's variables as the compatibility rules see them: the compat roles' defaults, gpu_rigs'
+    group_vars, then its host_vars."""
+    from rigkit.validation.compat import ROLES
+    from rigkit.validation.rules import role_defaults
+
+    values = {**role_defaults(*ROLES), "rig_kind": "gpu"}
+    values.update(yaml.safe_load((REPO / "inventory/group_vars/gpu_rigs.yml").read_text()))
+    values.update(yaml.safe_load((REPO / f"inventory/host_vars/{host}.yml").read_text()))
+    return values
+
+
+def copy_proof_inputs(item: Any, root: Path) -> None:
+    """A copy of a proof's inputs (and every module the kit ships) under ``root``, with an empty receipts folder."""
+    import shutil
+
+    from rigkit import proofs
+
+    for relative in proofs.input_files(item):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / relative, root / relative)
+    for relative in ("library", "filter_plugins", "module_utils"):
+        for path in (REPO / relative).rglob("*.py"):
+            (root / path.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, root / path.relative_to(REPO))
+    (root / "reports" / "proofs").mkdir(parents=True)
+
+
+def molecule_scenarios() -> list[tuple[str, str]]:
+    """(role, scenario) of every Molecule scenario make test runs: all but the heavy proofs' (rigkit/proofs.py)."""
+    from rigkit.proofs import PROOF_SCENARIOS
+
+    return sorted(
+        scenario
+        for path in REPO.glob("roles/*/molecule/*/molecule.yml")
+        if (scenario := (path.parents[2].name, path.parent.name)) not in PROOF_SCENARIOS
+    )

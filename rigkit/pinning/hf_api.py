@@ -40,6 +40,8 @@ from ansible.module_utils.http_client import (
 from ansible.module_utils.model_catalog import REVISION_RE
 from ansible.module_utils.printable import printable
 
+from rigkit.paths import CATALOG_FILE
+
 DEFAULT_ENDPOINT = "https://huggingface.co"
 USER_AGENT = "rigkit-pin/1"
 MAX_COMMITS = 500  # commits walked looking for a trusted sha256 (one paths-info request each)
@@ -48,7 +50,6 @@ MAX_COMMIT_PAGES = 50  # pages of the commit list followed at most (a page may h
 RATE_LIMIT_WAIT = 300.0  # seconds of 429 waits a pin sits through in all: the Hub's window is 5 minutes
 UNSAID_WAIT = 10.0  # a 429 that names no reset: wait this long before asking again
 MIN_WAIT = 1.0  # RateLimit's t= counts whole seconds: t=0 still means "not yet"
-CATALOG = "inventory/group_vars/all/model_catalog.yml"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _LINK_NEXT_RE = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
@@ -109,7 +110,7 @@ def _explain_401(exc: _ApiError, repo: str, token: str | None) -> PinError:
         )
     else:
         hint = (
-            f"no such repository, or it is private or gated: check the repo name in the catalog ({CATALOG}), or "
+            f"no such repository, or it is private or gated: check the repo name in the catalog ({CATALOG_FILE}), or "
             "set HF_TOKEN to a read token of an account with access"
         )
     return PinError(f"HTTP 401 for {repo}{_detail(exc)}: {hint}, then re-run the pin.")
@@ -122,9 +123,9 @@ def _explain_404(exc: _ApiError, repo: str, revision: str, token: str | None) ->
     if token:
         return PinError(
             f"repository {repo} not found, or the account of HF_TOKEN has no access to it{detail}: check the repo "
-            f"name in the catalog ({CATALOG}), or use a token of an account with access."
+            f"name in the catalog ({CATALOG_FILE}), or use a token of an account with access."
         )
-    return PinError(f"repository {repo} not found{detail}: fix the entry's repo in the catalog ({CATALOG}).")
+    return PinError(f"repository {repo} not found{detail}: fix the entry's repo in the catalog ({CATALOG_FILE}).")
 
 
 def _explain_429(exc: _ApiError, repo: str, bound: float) -> PinError:

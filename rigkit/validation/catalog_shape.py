@@ -11,7 +11,8 @@ from typing import Any
 
 from ansible.module_utils.gguf_metadata import GgufMetadata, GgufTensorInfo, GgufValueType
 
-CATALOG_FILE = "inventory/group_vars/all/model_catalog.yml"
+from rigkit.paths import CATALOG_FILE
+
 WEIGHT_KEYS = ("weights_bytes", "gpu_weights_bytes")
 
 

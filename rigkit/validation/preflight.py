@@ -28,8 +28,8 @@ from ansible.module_utils.preflight.server import (
 )
 
 from rigkit.inventory_files import Sources
-from rigkit.paths import cached_model_path
-from rigkit.validation.catalog_shape import CATALOG_FILE, catalog_meta, has_shape
+from rigkit.paths import CATALOG_FILE, cached_model_path
+from rigkit.validation.catalog_shape import catalog_meta, has_shape
 from rigkit.validation.gguf_headers import cached_reader
 from rigkit.validation.rules import role_defaults
 

@@ -21,13 +21,14 @@ import yaml
 from ansible.module_utils.model_catalog import rig_model_path
 
 from rigkit.paths import cached_model_path
-from tests.support import REPO, Run, free_port, recap, run
+from tests.support import REPO, Run, free_port, model_catalog, recap, run
+
+CATALOG = model_catalog()
 
 FLEET = ("fleet1", "fleet2", "fleet3")
 INVENTORY = ["-i", "inventory/hosts.yml", "-i", "tests/integration/inventories/fleet/hosts.yml"]
 PLAYBOOK = "tests/integration/playbooks/models_fleet.yml"
 MODELS_DIR = "/var/lib/rigkit/models"
-CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
 FLEET_INVENTORY = yaml.safe_load((REPO / "tests/integration/inventories/fleet/hosts.yml").read_text())
 RIG_MODELS = {
     host: sorted({spec["models_target"], spec["models_drafter"]})

@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from rigkit.proofs import PROOF_SCENARIOS
-from tests.support import REPO, run
+from tests.support import REPO, molecule_scenarios, run
 
-SCENARIOS = sorted(
-    scenario
-    for path in REPO.glob("roles/*/molecule/*/molecule.yml")
-    if (scenario := (path.parents[2].name, path.parent.name)) not in PROOF_SCENARIOS
-)
+SCENARIOS = molecule_scenarios()
 
 
 @pytest.mark.parametrize(("role", "scenario"), SCENARIOS, ids=[f"{role}-{name}" for role, name in SCENARIOS])

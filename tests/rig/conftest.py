@@ -20,8 +20,6 @@ from ansible.module_utils.net_address import serves_tls
 from tests.support import REPO, plain
 
 DEFAULTS = yaml.safe_load((REPO / "roles/llama_server/defaults/main.yml").read_text())
-IMAGE_DEFAULTS = yaml.safe_load((REPO / "roles/llamacpp_image/defaults/main.yml").read_text())
-CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
 
 REQUEST = (
     "import json, ssl, sys, urllib.request as u\n"

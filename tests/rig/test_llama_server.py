@@ -8,8 +8,10 @@ import time
 
 from ansible.module_utils.gpu_offload import NO_DEVICE, check
 
-from tests.rig.conftest import CATALOG, IMAGE_DEFAULTS
-from tests.support import not_applicable
+from tests.support import model_catalog, not_applicable, role_defaults
+
+IMAGE_DEFAULTS = role_defaults("llamacpp_image")
+CATALOG = model_catalog()
 
 ACCEPTANCE_RE = re.compile(r"draft acceptance = ([0-9.]+) \(\s*(\d+) accepted /\s*(\d+) generated\)")
 

@@ -20,8 +20,8 @@ from ansible.module_utils.cuda_compat import (
 from rigkit import REPO, proofs
 from rigkit.validation.compat import ROLES, compat_findings, known_good_kernels, plan_lines
 from rigkit.validation.rules import role_defaults
-from tests.support import run
-from tests.unit.test_proof_receipts import copy_inputs
+from tests.fixtures.debian_archive import StandInArchive, publish_bookworm
+from tests.support import copy_proof_inputs, run, seed_values
 
 CUDA_1222 = (12, 2, 2)
 
@@ -103,15 +103,6 @@ def test_blackwell_runs_on_the_open_modules_only():
     assert flavour_problem("open", (12, 0)) is None and flavour_problem("proprietary", (8, 6)) is None
 
 
-def seed_values(host: str) -> dict:
-    import yaml
-
-    values = {**role_defaults(*ROLES), "rig_kind": "gpu"}
-    values.update(yaml.safe_load((REPO / "inventory/group_vars/gpu_rigs.yml").read_text()))
-    values.update(yaml.safe_load((REPO / f"inventory/host_vars/{host}.yml").read_text()))
-    return values
-
-
 @pytest.mark.parametrize("host", ["desktop3050", "laptop1650ti"])
 def test_the_seed_rigs_pins_are_consistent(host):
     assert compat_findings(seed_values(host)) == []
@@ -119,7 +110,7 @@ def test_the_seed_rigs_pins_are_consistent(host):
 
 def test_known_good_kernels_come_from_the_dkms_receipt(tmp_path: Path):
     item = proofs.proof("nvidia-driver-dkms-debian12")
-    copy_inputs(item, tmp_path)
+    copy_proof_inputs(item, tmp_path)
     inputs = proofs.input_digests(item, tmp_path)
     receipt = {
         "result": "passed",
@@ -144,8 +135,6 @@ def test_known_good_kernels_come_from_the_dkms_receipt(tmp_path: Path):
 @pytest.fixture
 def archive_env(tmp_path: Path) -> Iterator[tuple[dict[str, str], object]]:
     """`make plan`'s environment pointing at a stand-in Debian archive (never the real one), and the stand-in."""
-    from tests.unit.test_debian_archive import StandInArchive
-
     archive = StandInArchive()
     env = {
         "RIGKIT_DEBIAN_MIRROR": archive.url("debian"),
@@ -157,8 +146,6 @@ def archive_env(tmp_path: Path) -> Iterator[tuple[dict[str, str], object]]:
 
 
 def test_make_plan_prints_the_plan_and_exits_1_on_a_refused_pin(archive_env):
-    from tests.unit.test_debian_archive import publish_bookworm
-
     env, archive = archive_env
     publish_bookworm(archive)
     result = run(["make", "--no-print-directory", "plan", "host=laptop1650ti"], **env)
@@ -177,8 +164,6 @@ def test_make_plan_prints_the_plan_and_exits_1_on_a_refused_pin(archive_env):
 
 
 def test_make_plan_exits_1_on_a_pin_the_archive_dropped(archive_env):
-    from tests.unit.test_debian_archive import publish_bookworm
-
     env, archive = archive_env
     publish_bookworm(archive, driver=("535.320.01-0+deb12u1",))
     result = run(["make", "--no-print-directory", "plan", "host=laptop1650ti"], **env)
@@ -193,8 +178,6 @@ def test_make_plan_exits_1_on_a_pin_the_archive_dropped(archive_env):
 def test_make_check_refuses_a_pin_the_archive_dropped_before_any_rig_is_contacted(archive_env):
     """The validation play reads the same cached indexes: the dropped pin is refused, naming the version to move
     to, and the play stops before the fast path's first contact with the rig."""
-    from tests.unit.test_debian_archive import publish_bookworm
-
     env, archive = archive_env
     publish_bookworm(archive, driver=("535.320.01-0+deb12u1",))
     result = run(["make", "--no-print-directory", "check", "host=laptop1650ti"], **env)

@@ -24,7 +24,7 @@ from ansible.module_utils.preflight.server import (
 
 from rigkit.paths import cached_model_path
 from tests import support
-from tests.support import REPO, exec_start_argv, render_server_files, unavailable
+from tests.support import REPO, exec_start_argv, model_catalog, render_server_files, unavailable
 
 HOST_VARS = REPO / "inventory" / "host_vars"
 
@@ -153,7 +153,7 @@ def test_controller_preflight_refuses_a_limit_below_the_estimate(gemma3_270m_ggu
     from rigkit.inventory_files import Sources
     from rigkit.validation.preflight import controller_preflight
 
-    catalog = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
+    catalog = model_catalog()
     entry = catalog["gemma-3-270m-it-q4_k_m"]
     cached = Path(str(cached_model_path(tmp_path, entry)))
     cached.parent.mkdir(parents=True)

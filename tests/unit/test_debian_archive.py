@@ -4,11 +4,7 @@ dists/ layout."""
 
 from __future__ import annotations
 
-import gzip
-import lzma
-import threading
-from collections.abc import Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,78 +20,10 @@ from rigkit.validation.debian_archive import (
     parse_packages,
     split_version,
 )
-from tests.unit.test_compat_plan import seed_values
+from tests.fixtures.debian_archive import COMPONENTS, KERNELS, PIN, StandInArchive, publish_bookworm
+from tests.support import seed_values
 
-PIN = "535.309.01-0+deb12u1"
-SUITES = {"debian": ("bookworm", "bookworm-updates"), "debian-security": ("bookworm-security",)}
-COMPONENTS = ("main", "contrib", "non-free", "non-free-firmware")
-DRIVER_PACKAGES = ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1")
-# linux-image-amd64 per suite: (its version, the kernel ABI it depends on)
-KERNELS = {"bookworm": ("6.1.176-1", "6.1.0-50-amd64"), "bookworm-security": ("6.1.192-3", "6.1.0-57-amd64")}
 HOUR = 3600.0
-
-
-class StandInArchive:
-    """A Debian mirror on 127.0.0.1: ``files`` maps a path (no leading slash) to its bytes; ``requests`` counts."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.requests: list[str] = []
-        archive = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                archive.requests.append(self.path)
-                body = archive.files.get(self.path.lstrip("/"))
-                self.send_response(200 if body is not None else 404)
-                self.send_header("Content-Length", str(len(body or b"")))
-                self.end_headers()
-                self.wfile.write(body or b"")
-
-            def log_message(self, *_args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def url(self, root: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/{root}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def publish(
-        self, root: str, suite: str, component: str, stanzas: list[Mapping[str, str]], compression: str = "xz"
-    ) -> str:
-        """Serve a Packages index built from ``stanzas``; returns its path."""
-        text = "\n".join("".join(f"{k}: {v}\n" for k, v in stanza.items()) for stanza in stanzas).encode()
-        path = f"{root}/dists/{suite}/{component}/binary-amd64/Packages.{compression}"
-        self.files[path] = lzma.compress(text) if compression == "xz" else gzip.compress(text)
-        return path
-
-
-def publish_bookworm(
-    archive: StandInArchive, driver: tuple[str, ...] = (PIN,), kernels: Mapping[str, tuple[str, str]] = KERNELS
-) -> None:
-    """Every index the plan reads: the driver's packages at ``driver`` in bookworm-security/non-free (as Debian
-    ships 535.309.01), linux-image-amd64 in each suite's main per ``kernels``, the other indexes empty."""
-    for root, suites in SUITES.items():
-        for suite in suites:
-            for component in COMPONENTS:
-                stanzas: list[Mapping[str, str]] = []
-                if suite == "bookworm-security" and component == "non-free":
-                    stanzas = [{"Package": name, "Version": v} for name in DRIVER_PACKAGES for v in driver]
-                if component == "main" and suite in kernels:
-                    version, abi = kernels[suite]
-                    stanzas = [
-                        {
-                            "Package": "linux-image-amd64",
-                            "Version": version,
-                            "Depends": f"linux-image-{abi} (= {version})",
-                        }
-                    ]
-                archive.publish(root, suite, component, stanzas)
 
 
 @pytest.fixture

@@ -10,14 +10,7 @@ import pytest
 from ansible.module_utils.fetch.model import DownloadError, FetchError, HttpStatusError, fetch_model
 
 from tests.fixtures.hf_standin import Fault, HfStandin
-from tests.unit import test_model_fetch as base
-from tests.unit.test_model_fetch import Served, options, part_of, sha256
-
-# The stand-in hub and the model fixtures of test_model_fetch, shared by name.
-hub = base.hub
-tiny = base.tiny
-medium = base.medium
-models = base.models
+from tests.support import Served, options, part_of, sha256
 
 
 # -------------------------------------------------------------------------------------------------- planted links

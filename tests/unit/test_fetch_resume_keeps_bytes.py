@@ -32,7 +32,7 @@ from ansible.module_utils.fetch.transfer import Transfer
 
 from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 from tests.fixtures.hf_standin import Fault, HfStandin
-from tests.unit.test_model_fetch import REV, MiB, Served, assert_installed, describe, options, seed_previous
+from tests.support import REV, MiB, Served, assert_installed, describe, options, seed_previous
 
 BURNERS = 2  # busy processes: as many as the kit's bench machine has cores
 

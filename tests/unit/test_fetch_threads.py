@@ -12,15 +12,12 @@ from typing import Any
 import ansible.module_utils.fetch.model as model_fetch
 import pytest
 from ansible.module_utils.fetch.hash import HasherError, ThreadedHasher, sha256_file
-from ansible.module_utils.fetch.model import VerificationError, fetch_model
+from ansible.module_utils.fetch.model import DownloadError, VerificationError, fetch_model
 from ansible.module_utils.fetch.part import PartWriter
 
 from tests.fixtures.hf_standin import Fault, HfStandin
-from tests.unit import test_model_fetch as base
-from tests.unit.test_model_fetch import Served, assert_installed, assert_untouched, options, part_of, seed_previous
+from tests.support import Served, assert_installed, assert_untouched, describe, options, part_of, seed_previous
 
-hub = base.hub
-models = base.models
 MiB = 1024 * 1024
 
 
@@ -192,7 +189,7 @@ def large(tmp_path_factory: pytest.TempPathFactory) -> Served:
     from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 
     path = write_arch_gguf(tmp_path_factory.mktemp("large") / "l.gguf", "gemma4", padding_bytes=12 * MiB, seed=5)
-    return base.describe(path, "large-gemma4.gguf", "gemma4")
+    return describe(path, "large-gemma4.gguf", "gemma4")
 
 
 @pytest.fixture(params=[True, False], ids=["hash-thread", "hash-inline"])
@@ -232,7 +229,7 @@ def test_resume_after_a_reset_rehashes_the_part_in_the_thread(
     large.publish(hub)
     large.fault(hub, Fault("reset", after_bytes=5 * MiB + 3), Fault("status", status=503, times=None))
     dest = models / large.filename
-    with pytest.raises(base.DownloadError):
+    with pytest.raises(DownloadError):
         fetch_model(large.entry(), dest, options(hub, retries=1, chunk_size=MiB))
     kept = part_of(dest).stat().st_size
     assert 0 < kept < large.size

@@ -21,14 +21,7 @@ from ansible.module_utils.http_client import HttpClientError, Proxy, proxy_for, 
 from rigkit.pinning.hf_api import HubApi, PinError, _ApiError, _explain
 from tests.fixtures.connect_proxy import ConnectProxy
 from tests.fixtures.hf_standin import Fault, HfStandin, make_tls_files
-from tests.unit import test_model_fetch as base
-from tests.unit.test_model_fetch import Served, options, part_of, tls_options
-
-# The stand-in hub and the model fixtures of test_model_fetch, shared by name.
-hub = base.hub
-tiny = base.tiny
-medium = base.medium
-models = base.models
+from tests.support import Served, options, part_of, sha256, tls_options
 
 REPO = "rigkit-test/pinned-GGUF"
 ABSENT = "rigkit-test/absent"
@@ -344,7 +337,7 @@ def test_fetch_goes_through_the_https_proxy_and_the_token_only_inside_the_tunnel
         tiny.publish(server)
         fetch_model(tiny.entry(), models / tiny.filename, tls_options(server, ca, token=TOKEN))
         assert_tunnelled(proxy, server)
-    assert base.sha256(models / tiny.filename) == tiny.sha256
+    assert sha256(models / tiny.filename) == tiny.sha256
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,8 @@ import json
 import re
 
 import pytest
-import yaml
 
-from tests.support import REPO, recap, run
+from tests.support import REPO, model_catalog, recap, run
 
 SEED_RIGS = {
     # host: (compute capability, VRAM MiB, draft length) from the seed article
@@ -44,7 +43,7 @@ def test_gpu_rigs_match_the_seed(inventory, host):
 
 
 def test_every_rig_names_catalog_models(inventory):
-    catalog = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
+    catalog = model_catalog()
     for host in inventory["rigs"]["children"]:
         for rig in inventory[host]["hosts"]:
             hostvars = inventory["_meta"]["hostvars"][rig]
@@ -91,7 +90,7 @@ def test_check_on_a_real_rig_asks_for_the_model_pins_before_connecting(host):
 @pytest.mark.parametrize("host", sorted(SEED_RIGS))
 def test_check_mode_resolves_every_variable_of_a_gpu_rig(host, tmp_path):
     """With its models pinned, `make check` on a real rig passes validation; only the connection may fail."""
-    catalog = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
+    catalog = model_catalog()
     for name in ("gemma-4-E2B-it-qat-q4_0-exact", "gemma-4-E2B-it-qat-assistant-q4_0-exact"):
         catalog[name].update(revision="0" * 40, sha256=catalog[name]["sha256"] or "1" * 64, size=1000)
     pins = tmp_path / "pins.json"

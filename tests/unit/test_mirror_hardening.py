@@ -535,7 +535,7 @@ def test_gguf_fetch_never_sends_a_token_to_the_mirror(
     tiny_gemma4_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The play passes no token, the rig's environment has HF_TOKEN: the mirror must still see none."""
-    from tests.unit.test_model_fetch import run_module
+    from tests.support import run_gguf_fetch
 
     root, entry = served_tiny(tiny_gemma4_pair[0], tmp_path)
     token = "hf_" + os.urandom(12).hex()
@@ -543,13 +543,13 @@ def test_gguf_fetch_never_sends_a_token_to_the_mirror(
     (tmp_path / "rig").mkdir()
     args = {"entry": entry, "dest": str(tmp_path / "rig" / "tiny.gguf"), "allow_insecure_http": True}
     with ModelMirror(root, secret=SECRET, allow=[rel("tiny.gguf")]) as server:
-        result, printed = run_module({**args, "base_url": server.url, "mirror_secret": SECRET})
+        result, printed = run_gguf_fetch({**args, "base_url": server.url, "mirror_secret": SECRET})
         assert not result.get("failed"), result.get("msg")
         assert result["changed"] and result["bytes_downloaded"] == entry["size"]
         assert server.stats()["credentialed_requests"] == 0
         assert server.stats()["files"][f"/{rel('tiny.gguf')}"]["complete"] == 1
         assert SECRET not in printed and token not in printed
-        run_module({**args, "base_url": server.url, "mirror_secret": SECRET, "token": token})
+        run_gguf_fetch({**args, "base_url": server.url, "mirror_secret": SECRET, "token": token})
         assert server.stats()["credentialed_requests"] == 0  # an explicit token is dropped too
 
 

@@ -20,9 +20,9 @@ from ansible.module_utils.model_catalog import (
 
 from filter_plugins.model_catalog import FilterModule
 from rigkit.paths import cached_model_path, model_cache
-from tests.support import REPO
+from tests.support import REPO, model_catalog
 
-CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
+CATALOG = model_catalog()
 
 SEED_DRAFTER_PINS = {
     # sha256 pins printed in the seed article

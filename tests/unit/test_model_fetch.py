@@ -3,8 +3,8 @@
 Every failure test also checks the invariant: the final path holds the previous good file, byte-identical
 (or nothing, when there was none), and no stray .part is left unless the failure is a resumable one.
 
-Why one file (796 lines): every test runs against the same stand-in server fixture and checks the same
-invariant (the previous good file intact, no stray part); the hardening and thread tests have files of their own.
+The stand-in server and model fixtures are tests/unit/conftest.py's, the helpers tests/support.py's; the
+hardening, thread and resume tests have files of their own.
 """
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,165 +28,36 @@ from ansible.module_utils.fetch.model import (
     DiskSpaceError,
     DownloadError,
     EntryError,
-    FetchOptions,
-    FetchResult,
     HttpStatusError,
     InsecureUrlError,
     LockedError,
     TlsError,
     VerificationError,
     fetch_model,
-    record_path,
 )
 
 from rigkit.sandbox.gemma3_270m import SHA256 as GEMMA3_SHA256
 from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
-from tests import support
-from tests.fixtures.hf_standin import Fault, HfStandin, make_tls_files
-from tests.support import unavailable
+from tests.fixtures.hf_standin import Fault, HfStandin
+from tests.support import (
+    HF_REPO,
+    REV,
+    MiB,
+    Served,
+    assert_installed,
+    assert_untouched,
+    describe,
+    options,
+    part_of,
+    run_gguf_fetch,
+    seed_previous,
+    sha256,
+    tls_options,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-REV = "0123456789abcdef0123456789abcdef01234567"
-HF_REPO = "rigkit-test/tiny-gemma4-GGUF"
-MiB = 1024 * 1024
 TOKEN = f"hf_{secrets.token_hex(12)}"  # generated: a literal would look like a leaked secret
 OTHER_TOKEN = f"hf_{secrets.token_hex(12)}"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Served:
-    path: Path
-    filename: str
-    sha256: str
-    size: int
-    architecture: str
-    repo: str = HF_REPO
-    revision: str = REV
-
-    def entry(self, **override: Any) -> dict[str, Any]:
-        data = {
-            "repo": self.repo,
-            "revision": self.revision,
-            "filename": self.filename,
-            "sha256": self.sha256,
-            "size": self.size,
-            "architecture": self.architecture,
-            "role": "target",
-        }
-        return {**data, **override}
-
-    def publish(self, hub: HfStandin, **kw: Any) -> Served:
-        hub.add_file(self.repo, self.revision, self.filename, self.path, sha256=self.sha256, **kw)
-        return self
-
-    def served_by(self, hub: HfStandin) -> int:
-        return hub.bytes_served(self.repo, self.revision, self.filename)
-
-    def fault(self, hub: HfStandin, *faults: Fault) -> None:
-        for fault in faults:
-            hub.add_fault(self.repo, self.revision, self.filename, fault)
-
-
-def describe(path: Path, filename: str, architecture: str) -> Served:
-    return Served(path, filename, sha256(path), path.stat().st_size, architecture)
-
-
-# ------------------------------------------------------------------------------------------ fixtures
-@pytest.fixture
-def hub() -> Iterator[HfStandin]:
-    with HfStandin() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def tiny(tiny_gemma4_pair: tuple[Path, Path]) -> Served:
-    return describe(tiny_gemma4_pair[0], "tiny-gemma4.gguf", "gemma4")
-
-
-@pytest.fixture(scope="session")
-def medium(tmp_path_factory: pytest.TempPathFactory) -> Served:
-    """An 8 MiB gemma4-architecture GGUF, big enough for mid-body faults and the 1 % resend bound."""
-    path = write_arch_gguf(tmp_path_factory.mktemp("medium") / "m.gguf", "gemma4", padding_bytes=8 * MiB, seed=7)
-    return describe(path, "medium-gemma4.gguf", "gemma4")
-
-
-@pytest.fixture(scope="session")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return make_tls_files(tmp_path_factory.mktemp("tls"))
-
-
-@pytest.fixture
-def models(tmp_path: Path) -> Path:
-    path = tmp_path / "models"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs (needs root and mount rights; skipped with the reason otherwise)."""
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
-    except FileNotFoundError:
-        unavailable("no mount command: cannot make a 1 MiB tmpfs for the disk-full tests")
-    if done.returncode != 0:
-        unavailable(f"cannot mount a 1 MiB tmpfs ({done.stderr.decode().strip()}): disk-full tests need root")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
-
-
-def options(hub: HfStandin, **override: Any) -> FetchOptions:
-    base: dict[str, Any] = {
-        "base_url": hub.base_url,
-        "allow_insecure_http": True,
-        "connect_timeout": 2.0,
-        "read_timeout": 2.0,
-        "retries": 2,
-        "backoff_initial": 0.01,
-        "backoff_max": 0.05,
-    }
-    return FetchOptions(**{**base, **override})
-
-
-def seed_previous(dest: Path, seed: int = 99) -> str:
-    """Put an older, valid model at the final path; returns its sha256."""
-    write_arch_gguf(dest, "gemma4", seed=seed, name="previous")
-    return sha256(dest)
-
-
-def part_of(dest: Path) -> Path:
-    return dest.with_name(dest.name + ".part")
-
-
-def assert_untouched(dest: Path, previous_sha: str | None, *, part_kept: bool = False) -> None:
-    if previous_sha is None:
-        assert not dest.exists(), f"{dest} appeared after a failure"
-    else:
-        assert sha256(dest) == previous_sha, f"{dest} changed after a failure"
-    assert part_of(dest).exists() == part_kept
-
-
-def assert_installed(dest: Path, served: Served, result: FetchResult) -> None:
-    assert sha256(dest) == served.sha256
-    assert result.path == str(dest) and result.sha256 == served.sha256
-    assert not part_of(dest).exists()
-    record = json.loads(Path(record_path(str(dest))).read_text())
-    st = dest.stat()
-    assert record["sha256"] == served.sha256
-    assert (record["size"], record["mtime_ns"], record["inode"], record["device"]) == (
-        st.st_size,
-        st.st_mtime_ns,
-        st.st_ino,
-        st.st_dev,
-    )
 
 
 # ------------------------------------------------------------------------------------------ success paths
@@ -234,10 +102,6 @@ def test_hf_style_cdn_redirect_is_followed(tiny: Served, models: Path) -> None:
         result = fetch_model(tiny.entry(), models / tiny.filename, options(hub))
         assert [r.status for r in hub.requests] == [302, 200]
     assert_installed(models / tiny.filename, tiny, result)
-
-
-def tls_options(hub: HfStandin, ca: Path, **override: Any) -> FetchOptions:
-    return options(hub, allow_insecure_http=False, ca_file=str(ca), **override)
 
 
 def test_token_is_sent_and_dropped_on_cross_host_redirect(
@@ -752,11 +616,6 @@ def test_standin_api_shapes_for_make_pin(hub: HfStandin, tiny: Served) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the Ansible module
-def run_module(args: dict[str, Any], *extra: str) -> tuple[dict[str, Any], str]:
-    """`ansible localhost -m gguf_fetch` ad hoc with the system Python; (host result, everything printed)."""
-    return support.run_module("gguf_fetch", args, *extra, system_python=True)
-
-
 def test_ansible_module_end_to_end(tiny: Served, models: Path, tls_files: tuple[Path, Path, Path]) -> None:
     token = TOKEN
     ca, cert, key = tls_files
@@ -772,18 +631,18 @@ def test_ansible_module_end_to_end(tiny: Served, models: Path, tls_files: tuple[
             "token": token,
             "mode": "0640",
         }
-        first, printed = run_module(args)
+        first, printed = run_gguf_fetch(args)
         assert token not in printed
         assert not first.get("failed"), first.get("msg")
         assert first["changed"] and first["bytes_downloaded"] == tiny.size and first["verification"] == "download"
         assert first["invocation"]["module_args"]["token"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"  # noqa: S105
         assert sha256(dest) == tiny.sha256 and oct(dest.stat().st_mode & 0o777) == "0o640"
 
-        second, printed = run_module(args)
+        second, printed = run_gguf_fetch(args)
         assert token not in printed
         assert (second["changed"], second["bytes_downloaded"], second["verification"]) == (False, 0, "fast")
 
-        planned, printed = run_module({**args, "dest": str(models / "other.gguf")}, "--check")
+        planned, printed = run_gguf_fetch({**args, "dest": str(models / "other.gguf")}, "--check")
         assert token not in printed
         assert (planned["changed"], planned["operation"]) == (True, "download")
         assert not (models / "other.gguf").exists()
@@ -802,14 +661,14 @@ def test_ansible_module_failure_keeps_previous_file(hub: HfStandin, tiny: Served
         "allow_insecure_http": True,
         "token": OTHER_TOKEN,
     }
-    result, printed = run_module(args)
+    result, printed = run_gguf_fetch(args)
     assert result["failed"] and result["error_kind"] == "verification"
     assert f"expected {wrong}, got {tiny.sha256}" in result["msg"]
     assert (result["expected"], result["actual"]) == (wrong, tiny.sha256)
     assert OTHER_TOKEN not in printed
     assert_untouched(dest, previous)
 
-    unpinned, _ = run_module({**args, "sha256": None, "size": None, "name": "tiny"})
+    unpinned, _ = run_gguf_fetch({**args, "sha256": None, "size": None, "name": "tiny"})
     assert unpinned["failed"] and "make pin model=tiny`" in unpinned["msg"]
 
 

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from ansible.module_utils.model_catalog import rig_model_path
 
 from rigkit.mirror.models import ModelMirror
-from tests.support import free_port
+from tests.support import free_port, model_catalog
+
+CATALOG = model_catalog()
 
 REPO = Path(__file__).resolve().parents[2]
-CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
 TARGET, DRAFTER = "tiny-gemma4-target", "tiny-gemma4-assistant"
 
 

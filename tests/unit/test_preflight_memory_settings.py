@@ -21,8 +21,11 @@ from rigkit.discovery.facts import DiscoverError, parse_gather
 from rigkit.discovery.profile import plan_profile, render_host_vars
 from rigkit.inventory_files import Sources
 from rigkit.validation.preflight import controller_preflight
-from tests.support import REPO
-from tests.unit.test_rig_discovery import CATALOG, LLAMA_DEFAULTS, RTX3050
+from tests.fixtures.discovery_facts import RTX3050
+from tests.support import REPO, model_catalog
+
+CATALOG = model_catalog()
+LLAMA_DEFAULTS = (REPO / "roles/llama_server/defaults/main.yml").read_text()
 
 ROLE = REPO / "roles/llama_server"
 BAD = ["autoo", -5, "-5", "", None, True, 1.5, "1,536", "١٢"]  # the last: Arabic-Indic digits, which int() takes

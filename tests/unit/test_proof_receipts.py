@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from rigkit import REPO, proofs
+from rigkit import proofs
+from tests.support import copy_proof_inputs, molecule_scenarios
 
 DKMS = proofs.proof("nvidia-driver-dkms-debian12")
 CUDA_IMAGE = proofs.proof("cuda-image-sm75")
@@ -27,17 +27,6 @@ def test_a_receipt_records_what_a_reader_needs(item):
     assert receipt["make_target"] == item.make_target and receipt["wall_s"] > 0
     assert len(receipt["decisive_lines"]) >= item.decisive_min, receipt["decisive_lines"]
     assert receipt["machine"]["cpus"] and receipt["machine"]["kernel"], receipt["machine"]
-
-
-def copy_inputs(item: proofs.Proof, root: Path) -> None:
-    for relative in proofs.input_files(item):
-        (root / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / relative, root / relative)
-    for relative in ("library", "filter_plugins", "module_utils"):
-        for path in (REPO / relative).rglob("*.py"):
-            (root / path.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, root / path.relative_to(REPO))
-    (root / "reports" / "proofs").mkdir(parents=True)
 
 
 def write_receipt(item: proofs.Proof, root: Path, **changes) -> None:
@@ -93,7 +82,7 @@ def test_the_code_closure_follows_imports_into_module_utils_packages(tmp_path):
 
 
 def test_changing_a_pinned_input_makes_the_receipt_stale_and_names_the_target(tmp_path):
-    copy_inputs(DKMS, tmp_path)
+    copy_proof_inputs(DKMS, tmp_path)
     write_receipt(DKMS, tmp_path)
     assert proofs.receipt_problem(DKMS, tmp_path) is None
 
@@ -108,7 +97,7 @@ def test_the_cuda_image_receipt_follows_the_wheel_pins_the_dockerfile_and_the_ro
     files = proofs.input_files(CUDA_IMAGE)
     assert {"docker/Dockerfile", "docker/cuda-standin/wheels.json", "docker/cuda-standin/Dockerfile"} <= set(files)
     assert "roles/llamacpp_image/defaults/main.yml" in files and "tests/proofs/test_cuda_image.py" in files
-    copy_inputs(CUDA_IMAGE, tmp_path)
+    copy_proof_inputs(CUDA_IMAGE, tmp_path)
     write_receipt(CUDA_IMAGE, tmp_path)
     assert proofs.receipt_problem(CUDA_IMAGE, tmp_path) is None
     pins = tmp_path / "docker/cuda-standin/wheels.json"
@@ -118,7 +107,7 @@ def test_the_cuda_image_receipt_follows_the_wheel_pins_the_dockerfile_and_the_ro
 
 
 def test_a_change_to_shared_code_the_role_imports_makes_the_receipt_stale(tmp_path):
-    copy_inputs(DKMS, tmp_path)
+    copy_proof_inputs(DKMS, tmp_path)
     write_receipt(DKMS, tmp_path)
     shared = tmp_path / "module_utils/nvidia_kernels.py"
     shared.write_text(shared.read_text() + "\n# changed\n")
@@ -139,23 +128,22 @@ def test_a_change_to_shared_code_the_role_imports_makes_the_receipt_stale(tmp_pa
     ],
 )
 def test_a_failed_or_forged_receipt_is_refused(tmp_path, changes, expected):
-    copy_inputs(DKMS, tmp_path)
+    copy_proof_inputs(DKMS, tmp_path)
     write_receipt(DKMS, tmp_path, **changes)
     problem = proofs.receipt_problem(DKMS, tmp_path)
     assert problem and expected in problem and DKMS.make_target in problem
 
 
 def test_a_missing_or_unreadable_receipt_names_the_target(tmp_path):
-    copy_inputs(DKMS, tmp_path)
+    copy_proof_inputs(DKMS, tmp_path)
     assert "is missing: run `make proof-nvidia-driver-dkms-debian12`" in proofs.receipt_problem(DKMS, tmp_path)
     (tmp_path / "reports/proofs" / f"{DKMS.name}.json").write_text("{not json")
     assert "cannot be read" in proofs.receipt_problem(DKMS, tmp_path)
 
 
 def test_proof_scenarios_are_left_out_of_make_tests_molecule_runs():
-    from tests.integration import test_molecule
-
+    scenarios = molecule_scenarios()
     for scenario in ("dkms", "dkms-trixie"):
         assert ("nvidia_driver", scenario) in proofs.PROOF_SCENARIOS
-        assert ("nvidia_driver", scenario) not in test_molecule.SCENARIOS
-    assert ("nvidia_driver", "default") in test_molecule.SCENARIOS
+        assert ("nvidia_driver", scenario) not in scenarios
+    assert ("nvidia_driver", "default") in scenarios

@@ -34,80 +34,15 @@ from rigkit.discovery.profile import (
     render_host_vars,
     yaml_lines,
 )
-from tests.support import REPO, plain, recap, run, templated_var
-from tests.unit.test_server_preflight import E2B, assistant_header, gemma4_header
+from tests.fixtures.discovery_facts import GTX1650TI, INTEL_IGPU, RTX3050, gathered
+from tests.fixtures.gemma4_headers import E2B, assistant_header, gemma4_header
+from tests.support import REPO, model_catalog, plain, recap, run, templated_var
 
-CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
 LLAMA_DEFAULTS = (REPO / "roles/llama_server/defaults/main.yml").read_text()
 
-OS = {
-    "debian12": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\n'
-    "VERSION_CODENAME=bookworm\nID=debian",
-    "debian13": 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nVERSION_ID="13"\nVERSION_CODENAME=trixie\nID=debian',
-    "ubuntu2204": 'PRETTY_NAME="Ubuntu 22.04.5 LTS"\nNAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian',
-    "ubuntu2404": 'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\nID=ubuntu\nID_LIKE=debian',
-    "fedora": 'NAME="Fedora Linux"\nVERSION_ID=41\nID=fedora\nPRETTY_NAME="Fedora Linux 41 (Workstation Edition)"',
-}
-INTEL_IGPU = (
-    "00:02.0 VGA compatible controller [0300]: Intel Corporation CometLake-H GT2 [UHD Graphics] [8086:9bc4] (rev 05)"
-)
+CATALOG = model_catalog()
 
 
-def gathered(
-    os_key: str = "debian12",
-    smi: str | None = None,
-    lspci: str | None = "",
-    smi_failed: bool = False,
-    mem_kib: int = 32 * 1024 * 1024,
-    secure_boot: str = "SecureBoot disabled",
-) -> str:
-    """What GATHER_SCRIPT prints on such a machine (section by section, as the script writes them)."""
-    if smi is None:
-        smi_part = "@@absent"
-    elif smi_failed:
-        smi_part = f"{smi}\n@@failed"
-    else:
-        smi_part = smi
-    return "\n".join(
-        [
-            "@@os-release",
-            OS[os_key],
-            "@@kernel",
-            "6.1.0-27-amd64",
-            "x86_64",
-            "@@secure-boot",
-            secure_boot,
-            "@@cpuinfo",
-            "processor\t: 0\nmodel name\t: AMD Ryzen 5 5600G with Radeon Graphics\ncpu MHz\t\t: 3900.000",
-            "@@nproc",
-            "12",
-            "@@meminfo",
-            f"MemTotal:       {mem_kib} kB\nMemFree:         1234567 kB",
-            "@@df",
-            "/var/lib",
-            "Filesystem     1024-blocks      Used Available Capacity Mounted on",
-            "/dev/nvme0n1p2   479151816 123456789 331234567      28% /",
-            "@@nvidia-smi",
-            smi_part,
-            "@@lspci",
-            "@@absent" if lspci is None else lspci,
-            "@@end",
-            "",
-        ]
-    )
-
-
-# Canned outputs of the cards the issue names (nvidia-smi rows as --format=csv,noheader,nounits prints them).
-RTX3050 = gathered(
-    smi="NVIDIA GeForce RTX 3050 OEM, 8192, 8.6, 535.261.03, Yes",
-    lspci="01:00.0 VGA compatible controller [0300]: NVIDIA Corporation GA106 [GeForce RTX 3050 OEM] [10de:2508] "
-    "(rev a1)",
-)
-GTX1650TI = gathered(
-    smi="NVIDIA GeForce GTX 1650 Ti, 4096, 7.5, 535.261.03, No",
-    lspci=INTEL_IGPU + "\n01:00.0 3D controller [0302]: NVIDIA Corporation TU117M [GeForce GTX 1650 Ti Mobile] "
-    "[10de:1f95] (rev a1)",
-)
 MACHINES: dict[str, dict[str, Any]] = {
     "rtx3060": {
         "text": gathered("ubuntu2404", smi="NVIDIA GeForce RTX 3060, 12288, 8.6, 580.95.05, Yes"),

@@ -23,9 +23,10 @@ import yaml
 
 from rigkit.paths import cached_model_path
 from rigkit.sandbox.tiny_gemma4 import write_pair
-from tests.support import REPO, run
+from tests.support import REPO, model_catalog, run
 
-CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
+CATALOG = model_catalog()
+
 BASE_RIG = yaml.safe_load((REPO / "inventory/host_vars/desktop3050.yml").read_text())
 BASE_RIG.update(models_target="tiny-gemma4-target", models_drafter="tiny-gemma4-assistant", llama_server_ctx_size=1024)
 

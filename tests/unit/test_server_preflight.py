@@ -6,19 +6,16 @@ The KV numbers were checked against llama-server b11312 (commit 0c1e57098, the k
 for the 270M at -c 2048 -np 1 it logs ``llama_kv_cache: size = 6.00 MiB (2048 cells, 3 layers ...)`` and
 ``size = 15.00 MiB (1024 cells, 15 layers ...)``: 21 MiB, the value derived by hand below.
 
-Why one file (564 lines): every test reads the same real GGUF files and header-only shapes built once per
-module (fixtures below); split, each part would rebuild them.
+The header-only shapes are tests/fixtures/gemma4_headers.py's; every test here reads the same real GGUF files
+and shapes, built once per module.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from ansible.module_utils.gguf_metadata import read_gguf_metadata
 from ansible.module_utils.preflight.server import (
@@ -31,193 +28,12 @@ from ansible.module_utils.preflight.server import (
     largest_fitting_ctx,
     preflight,
 )
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from rigkit.sandbox.tiny_gemma4 import TARGET_SHAPE, write_pair
 from tests import support
+from tests.fixtures.gemma4_headers import E2B, E4B, assistant_header, gemma4_header
 
 REPO = Path(__file__).resolve().parents[2]
-Q4_0 = GGMLQuantizationType.Q4_0
-F32 = GGMLQuantizationType.F32
-
-
-# ------------------------------------------------------------------------------------------ helpers
-def write_header_only(
-    path: Path, arch: str, kv: dict[str, Any], tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]]
-) -> Path:
-    """A GGUF header: metadata plus tensor infos of the declared shapes and types, and no tensor data.
-
-    The preflight reads headers only, so this is all of a real multi-gigabyte file it ever sees.
-    """
-    writer = GGUFWriter(os.fspath(path), arch)
-    for key, value in kv.items():
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        elif isinstance(value, str):
-            writer.add_string(key, value)
-        else:
-            writer.add_array(key, value)
-    for name, ggml_shape, qtype in tensors:
-        block, block_bytes = GGML_QUANT_SIZES[qtype]
-        nbytes = math.prod(ggml_shape) // block * block_bytes
-        writer.add_tensor_info(name, tuple(reversed(ggml_shape)), np.dtype(np.float32), nbytes, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    writer.close()
-    return path
-
-
-def gemma4_header(
-    path: Path,
-    *,
-    n_embd: int,
-    n_layer: int,
-    n_head: int,
-    n_head_kv: int,
-    n_ff: int,
-    period: int,
-    shared_kv: int,
-    double_wide: bool = False,
-    hd_swa: int = 256,
-    hd_full: int = 512,
-    window: int = 512,
-    context: int = 131072,
-    per_layer: int = 256,
-    vocab: int = 262144,
-) -> Path:
-    """A Gemma 4 target header: tensors as llama.cpp's gemma4 loader expects them, matrices Q4_0, norms F32."""
-    arch = "gemma4"
-    swa = [il % period != period - 1 for il in range(n_layer)]
-    kv: dict[str, Any] = {
-        f"{arch}.context_length": context,
-        f"{arch}.embedding_length": n_embd,
-        f"{arch}.block_count": n_layer,
-        f"{arch}.feed_forward_length": n_ff,
-        f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": n_head_kv,
-        f"{arch}.attention.key_length": hd_full,
-        f"{arch}.attention.value_length": hd_full,
-        f"{arch}.attention.key_length_swa": hd_swa,
-        f"{arch}.attention.value_length_swa": hd_swa,
-        f"{arch}.attention.sliding_window": window,
-        f"{arch}.attention.sliding_window_pattern": swa,
-        f"{arch}.attention.shared_kv_layers": shared_kv,
-        f"{arch}.embedding_length_per_layer_input": per_layer,
-        f"{arch}.vocab_size": vocab,
-        "tokenizer.ggml.model": "gemma4",
-    }
-    tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [
-        ("token_embd.weight", (n_embd, vocab), Q4_0),
-        ("output_norm.weight", (n_embd,), F32),
-        ("rope_freqs.weight", (hd_full // 2,), F32),
-    ]
-    if per_layer:
-        tensors += [
-            ("per_layer_token_embd.weight", (per_layer * n_layer, vocab), Q4_0),
-            ("per_layer_model_proj.weight", (n_embd, per_layer * n_layer), Q4_0),
-            ("per_layer_proj_norm.weight", (per_layer,), F32),
-        ]
-    for il in range(n_layer):
-        hd = hd_swa if swa[il] else hd_full
-        ff = n_ff * 2 if double_wide and il >= n_layer - shared_kv else n_ff
-        p = f"blk.{il}."
-        tensors += [
-            (p + "attn_norm.weight", (n_embd,), F32),
-            (p + "attn_q.weight", (n_embd, n_head * hd), Q4_0),
-            (p + "attn_k.weight", (n_embd, n_head_kv * hd), Q4_0),
-            (p + "attn_v.weight", (n_embd, n_head_kv * hd), Q4_0),
-            (p + "attn_output.weight", (n_head * hd, n_embd), Q4_0),
-            (p + "attn_q_norm.weight", (hd,), F32),
-            (p + "attn_k_norm.weight", (hd,), F32),
-            (p + "post_attention_norm.weight", (n_embd,), F32),
-            (p + "layer_output_scale.weight", (1,), F32),
-            (p + "ffn_norm.weight", (n_embd,), F32),
-            (p + "ffn_gate.weight", (n_embd, ff), Q4_0),
-            (p + "ffn_up.weight", (n_embd, ff), Q4_0),
-            (p + "ffn_down.weight", (ff, n_embd), Q4_0),
-            (p + "post_ffw_norm.weight", (n_embd,), F32),
-        ]
-        if per_layer:
-            tensors += [
-                (p + "inp_gate.weight", (n_embd, per_layer), Q4_0),
-                (p + "proj.weight", (per_layer, n_embd), Q4_0),
-                (p + "post_norm.weight", (n_embd,), F32),
-            ]
-    return write_header_only(path, arch, kv, tensors)
-
-
-def assistant_header(
-    path: Path,
-    *,
-    out: int,
-    n_head_kv: int,
-    n_embd: int = 256,
-    n_head: int = 4,
-    n_ff: int = 2048,
-    hd_swa: int = 256,
-    hd_full: int = 512,
-    vocab: int = 262144,
-) -> Path:
-    """A gemma4-assistant (MTP drafter) header: 4 layers [swa, swa, swa, full], no K/V weights."""
-    arch = "gemma4-assistant"
-    swa = [True, True, True, False]
-    kv: dict[str, Any] = {
-        f"{arch}.context_length": 131072,
-        f"{arch}.embedding_length": n_embd,
-        f"{arch}.embedding_length_out": out,
-        f"{arch}.block_count": len(swa),
-        f"{arch}.nextn_predict_layers": len(swa),
-        f"{arch}.feed_forward_length": n_ff,
-        f"{arch}.attention.head_count": n_head,
-        f"{arch}.attention.head_count_kv": n_head_kv,
-        f"{arch}.attention.key_length": hd_full,
-        f"{arch}.attention.value_length": hd_full,
-        f"{arch}.attention.key_length_swa": hd_swa,
-        f"{arch}.attention.value_length_swa": hd_swa,
-        f"{arch}.attention.sliding_window": 512,
-        f"{arch}.attention.sliding_window_pattern": swa,
-        f"{arch}.vocab_size": vocab,
-        "tokenizer.ggml.model": "gemma4",
-    }
-    tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [
-        ("token_embd.weight", (n_embd, vocab), Q4_0),
-        ("output_norm.weight", (n_embd,), F32),
-        ("rope_freqs.weight", (hd_full // 2,), F32),
-        ("nextn.pre_projection.weight", (2 * out, n_embd), Q4_0),
-        ("nextn.post_projection.weight", (n_embd, out), Q4_0),
-    ]
-    for il, is_swa in enumerate(swa):
-        hd = hd_swa if is_swa else hd_full
-        p = f"blk.{il}."
-        tensors += [
-            (p + "attn_norm.weight", (n_embd,), F32),
-            (p + "attn_q.weight", (n_embd, n_head * hd), Q4_0),
-            (p + "attn_output.weight", (n_head * hd, n_embd), Q4_0),
-            (p + "attn_q_norm.weight", (hd,), F32),
-            (p + "post_attention_norm.weight", (n_embd,), F32),
-            (p + "layer_output_scale.weight", (1,), F32),
-            (p + "ffn_norm.weight", (n_embd,), F32),
-            (p + "ffn_gate.weight", (n_embd, n_ff), Q4_0),
-            (p + "ffn_up.weight", (n_embd, n_ff), Q4_0),
-            (p + "ffn_down.weight", (n_ff, n_embd), Q4_0),
-            (p + "post_ffw_norm.weight", (n_embd,), F32),
-        ]
-    return write_header_only(path, arch, kv, tensors)
-
-
-# Gemma 4 E2B / E4B text configs (google/gemma-4-E2B-it and -E4B-it config.json text_config, as quoted by public
-# code: hidden_size 1536 / 2560, num_hidden_layers 35 / 42, num_attention_heads 8, num_key_value_heads 1 / 2,
-# head_dim 256, global_head_dim 512, sliding_window 512, num_kv_shared_layers 20 / 18, intermediate_size 6144
-# (use_double_wide_mlp: x2 on E2B's shared layers) / 10240, hidden_size_per_layer_input 256, layer_types
-# 4 sliding + 1 full (E2B) / 5 + 1 (E4B), max_position_embeddings 131072).
-E2B = {"n_embd": 1536, "n_layer": 35, "n_head": 8, "n_head_kv": 1, "n_ff": 6144, "period": 5, "shared_kv": 20,
-       "double_wide": True}  # fmt: skip
-E4B = {"n_embd": 2560, "n_layer": 42, "n_head": 8, "n_head_kv": 2, "n_ff": 10240, "period": 6, "shared_kv": 18}
 
 
 @pytest.fixture(scope="module")
