@@ -14,8 +14,8 @@ host ?= sandbox
 VAULT_ARGS := $(if $(wildcard .vault_pass),--vault-password-file .vault_pass,)
 ARGS ?=
 PYTEST_ARGS ?=
-# make test's workers (pytest-xdist): the container tests wait on servers and rigs about half the time, so two
-# per core overlap those waits; tests/integration/conftest.py keeps the tests that share a rig in one worker.
+# make test's workers (pytest-xdist): the container tests wait on servers and rigs about half the time, so three
+# keep 2 cores busy; tests/conftest.py keeps the tests that share a rig in one worker.
 TEST_WORKERS ?= 3
 
 .PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan cuda-standin observe fleet-graph
