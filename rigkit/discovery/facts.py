@@ -1,7 +1,7 @@
 """What a machine reports about itself, read without changing it: GATHER_SCRIPT (run over SSH or `docker exec`)
 and pure parsers of its output into Facts (OS, kernel, Secure Boot, CPU, memory, disk, NVIDIA GPUs from
 nvidia-smi, or from lspci through the PCI_GPUS table when no driver answers). rigkit/discovery/profile.py turns Facts
-into a host profile. Tested on canned outputs of real machines in tests/unit/test_rig_discovery.py.
+into a host profile. Tested on canned outputs of real machines in tests/unit/test_discovery_profile.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`make discover`: turn what a machine reports about itself into a commented host profile.
 
-Pure functions on command outputs (tested on canned outputs in tests/unit/test_rig_discovery.py); bin/rigkit
+Pure functions on command outputs (tested on canned outputs in tests/unit/test_discovery_profile.py); bin/rigkit
 runs the read-only commands (GATHER_SCRIPT, rigkit/discovery/facts.py with the parsers) over SSH or `docker exec` and
 writes the result.
 

@@ -140,7 +140,7 @@ def test_the_controller_preflight_resolves_auto_with_the_same_rule() -> None:
     assert _desktop(llama_server_memory_headroom_mib=1024) == []
     assert _desktop(llama_server_memory_budget_mib=4096) == [] and _desktop(llama_server_memory_budget_mib="4096") == []
     assert _desktop(llama_server_memory_budget_mib="auto") == [refusal]
-    # a malformed value counts as auto here: the validation refuses it, naming its file (test_rig_validation.py)
+    # a malformed value counts as auto here: the validation refuses it, naming its file (test_validation_rules.py)
     assert _desktop(llama_server_memory_headroom_mib="autoo") == [refusal]
     assert _desktop(llama_server_gpu_access="none") == []  # a CPU rig's RAM is only known on the rig
 
