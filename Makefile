@@ -84,14 +84,12 @@ tune: setup ## set the host's draft length from its latest bench, if the gain be
 	@$(BIN)/python bin/rigkit check-host '$(host)'
 	@$(BIN)/python bin/rigkit tune '$(host)' $(if $(report),--report '$(report)',) $(ARGS)
 
-# Held while `make image` builds, so a provision that needs the image waits instead of building it twice. It lives
-# in a directory of the kit's own (mode 0700, checked by `rigkit lock-dir`), not in world-writable /run/lock where
-# any local user could hold it or plant a file make cannot open; rigkit.paths.image_lock() names the same path.
-IMAGE_LOCK ?= $(or $(RIGKIT_CACHE_DIR),/var/cache/rigkit)/run/llamacpp-image.lock
+# Held while `make image` builds, so a provision that needs the image waits instead of building it twice; `rigkit
+# image-lock` names it (rigkit.paths.image_lock) in a directory of the kit's own, made private first.
 image: setup ## build the rig's llama.cpp image on its build host ahead of a provision: make image host=NAME
 	@$(BIN)/python bin/rigkit check-host '$(host)'
-	@$(BIN)/python bin/rigkit lock-dir '$(dir $(IMAGE_LOCK))'
-	flock '$(IMAGE_LOCK)' $(BIN)/ansible-playbook playbooks/image.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
+	@lock="$$($(BIN)/python bin/rigkit image-lock)" && \
+	  flock "$$lock" $(BIN)/ansible-playbook playbooks/image.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
 
 harness: setup ## start the Docker engine and build the base and rig images on this machine
 	$(BIN)/ansible-playbook playbooks/harness.yml

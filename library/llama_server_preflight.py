@@ -94,9 +94,10 @@ options:
     type: str
   headroom_mib:
     description:
-      - MiB kept free for the CUDA context and the compute buffers the estimate does not model; 512 when omitted or
-        null, a conservative guess (llama-server's own memory fit ignores the drafter).
+      - MiB kept free for the CUDA context and the compute buffers the estimate does not model (llama-server's own
+        memory fit ignores the drafter); the role passes llama_server_memory_headroom_mib resolved.
     type: int
+    required: true
   container_memory_mib:
     description:
       - The container's memory limit in MiB, or C(auto) (the default) to derive it from the estimate (the host
@@ -192,7 +193,7 @@ def main() -> None:
             "ubatch_size": {"type": "int"},
             "memory_budget_mib": {"type": "int", "required": True},
             "memory_kind": {"type": "str"},
-            "headroom_mib": {"type": "int"},
+            "headroom_mib": {"type": "int", "required": True},
             "container_memory_mib": {"type": "raw", "default": "auto"},
             "container_memory_margin_mib": {"type": "int", "default": 1024},
             "container_memory_floor_mib": {"type": "int", "default": 1024},

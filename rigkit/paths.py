@@ -22,9 +22,10 @@ BENCH_SCHEMA = REPO / "roles" / "llama_bench" / "files" / "bench-report.schema.j
 RIGKIT_BIN = REPO / "bin" / "rigkit"
 
 
-def cache_dir() -> Path:
-    """The controller's cache: $RIGKIT_CACHE_DIR, else /var/cache/rigkit (as inventory/group_vars/all resolves it)."""
-    return Path(os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit")
+def cache_dir(configured: str | None = None) -> Path:
+    """The controller's cache: ``configured`` (inventory/group_vars/all passes $RIGKIT_CACHE_DIR through the
+    controller_cache_dir filter), else $RIGKIT_CACHE_DIR, else /var/cache/rigkit."""
+    return Path(configured or os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit")
 
 
 def model_cache(cache: str | os.PathLike[str]) -> str:
@@ -49,8 +50,8 @@ def lock_file(kit: str | os.PathLike[str] = REPO) -> str:
 
 
 def image_lock() -> Path:
-    """The lock `make image` holds while it builds ($IMAGE_LOCK, else <cache>/run/llamacpp-image.lock, as the
-    Makefile sets it): in a directory of the kit's own, never in a world-writable one such as /run/lock, where
+    """The lock `make image` holds while it builds ($IMAGE_LOCK, else <cache>/run/llamacpp-image.lock; the Makefile
+    asks `rigkit image-lock`): in a directory of the kit's own, never in a world-writable one such as /run/lock, where
     any local user could hold the lock, or plant the file so that `make image` cannot open it."""
     return Path(os.environ.get("IMAGE_LOCK") or cache_dir() / "run" / "llamacpp-image.lock")
 

@@ -18,6 +18,7 @@ from ansible.module_utils.fetch.model import FetchOptions, FetchResult, record_p
 
 from rigkit.paths import CATALOG, cache_dir, image_lock
 from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
+from rigkit.validation.rules import role_defaults
 
 if TYPE_CHECKING:
     from tests.fixtures.hf_standin import Fault, HfStandin
@@ -65,11 +66,6 @@ def free_port(*addresses: str) -> int:
             continue
         return port
     raise RuntimeError(f"no free port in {_LISTENER_PORTS} on {addresses}")
-
-
-def role_defaults(role: str) -> dict:
-    """A role's defaults, the source of truth tests compare against instead of re-typing pins."""
-    return yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())
 
 
 def group_vars(name: str) -> dict:
@@ -524,7 +520,6 @@ def seed_values(host: str) -> dict:
     """A seed GPU rig's variables as the compatibility rules see them: the compat roles' defaults, gpu_rigs'
     group_vars, then its host_vars."""
     from rigkit.validation.compat import ROLES
-    from rigkit.validation.rules import role_defaults
 
     values = {**role_defaults(*ROLES), "rig_kind": "gpu"}
     values.update(yaml.safe_load((REPO / "inventory/group_vars/gpu_rigs.yml").read_text()))

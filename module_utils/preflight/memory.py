@@ -13,7 +13,6 @@ from typing import Any
 from ansible.module_utils.gguf_metadata import GgufMetadata
 from ansible.module_utils.preflight.shape import (
     CACHE_TYPES,
-    DEFAULT_HEADROOM_MIB,
     DEFAULT_UBATCH,
     FLASH_ATTN_CHOICES,
     INPUT_TENSOR_PREFIXES,
@@ -269,7 +268,7 @@ def estimate_memory(
     swa_full: bool = False,
     kv_unified: bool = False,
     gpu_layers: int | str = "all",
-    headroom_mib: int = DEFAULT_HEADROOM_MIB,
+    headroom_mib: int,
     flash_attn: str = "auto",
     ubatch_size: int = DEFAULT_UBATCH,
     gpu_layers_draft: int | str | None = None,

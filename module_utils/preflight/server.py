@@ -45,9 +45,9 @@ The memory model follows llama.cpp at commit 0c1e57098 (b11312, the tree the kit
   cells: ``n_ubatch * cells * 2`` bytes (the f16 mask) with flash attention, ``n_ubatch * cells *
   (4 * n_head + 4)`` (the f32 KQ scores and mask) without. ``flash_attn: auto`` counts as off unless the V
   cache is quantized (llama.cpp then turns flash attention on). The drafter's context reserves its own.
-* Headroom: a fixed ``headroom_mib`` for the CUDA context and the rest of the compute buffers. The default
-  512 MiB is a conservative guess, not a measurement: llama-server's own memory fit ignores the drafter
-  (``Gemma4Assistant requires ctx_other to be set``), so the kit leaves room itself.
+* Headroom: a fixed ``headroom_mib`` for the CUDA context and the rest of the compute buffers; ``auto`` is
+  memory.py's AUTO_HEADROOM_MIB (llama-server's own memory fit ignores the drafter, ``Gemma4Assistant requires
+  ctx_other to be set``, so the kit leaves room itself).
 """
 
 from __future__ import annotations
@@ -66,11 +66,12 @@ from ansible.module_utils.preflight.checks import (
 )
 from ansible.module_utils.preflight.memory import (
     MemoryEstimate,
+    MemorySettingError,
     estimate_memory,
+    memory_headroom_mib,
 )
 from ansible.module_utils.preflight.shape import (
     CACHE_TYPES,
-    DEFAULT_HEADROOM_MIB,
     DEFAULT_UBATCH,
     FLASH_ATTN_CHOICES,
     MIB,
@@ -85,7 +86,6 @@ from ansible.module_utils.preflight.shape import (
 
 __all__ = [
     "CACHE_TYPES",
-    "DEFAULT_HEADROOM_MIB",
     "DEFAULT_UBATCH",
     "FLASH_ATTN_CHOICES",
     "MIB",
@@ -120,7 +120,7 @@ SETTINGS_DEFAULTS: dict[str, Any] = {
     "gpu_layers": "all",
     "gpu_layers_draft": None,  # None: same as gpu_layers
     "ubatch_size": DEFAULT_UBATCH,
-    "headroom_mib": DEFAULT_HEADROOM_MIB,
+    "headroom_mib": "auto",  # memory_headroom_mib: the GPU or the CPU figure, by gpu_layers
     "memory_kind": None,  # "VRAM of the RTX 3050", "RAM"; None: derived from gpu_layers
 }
 
@@ -287,7 +287,10 @@ def preflight(
 
     estimate_args = {k: s[k] for k in SETTINGS_DEFAULTS if k not in ("spec_type", "memory_kind")}
     try:
+        estimate_args["headroom_mib"] = memory_headroom_mib(s["headroom_mib"], on_gpu=str(s["gpu_layers"]) != "0")
         estimate = estimate_memory(target, drafter, **estimate_args)
+    except MemorySettingError as exc:
+        raise PreflightError(str(exc)) from exc
     except GgufError as exc:
         problems.append(f"cannot estimate memory: {exc}")
         return PreflightResult(problems, warnings, None, facts)

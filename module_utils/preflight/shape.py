@@ -14,7 +14,6 @@ from ansible.module_utils.gguf_metadata import GgufArray, GgufError, GgufMetadat
 MIB = 1024 * 1024
 PAD = 256  # llama.cpp pads the context and the SWA cache size to 256 cells
 DEFAULT_UBATCH = 512
-DEFAULT_HEADROOM_MIB = 512
 SERVER_AUTO_PARALLEL = 4  # llama-server: -np auto = 4 slots with a unified KV cache (tools/server/server.cpp)
 
 SPEC_TYPES = ("none", "draft-simple", "draft-mtp")

@@ -9,12 +9,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from rigkit.validation.rules import role_defaults
+
 
 class DiscoverError(Exception):
     """What was found, and what to do next."""
 
 
-MODELS_DIR = "/var/lib/rigkit/models"  # roles/models default (models_dir)
+MODELS_DIR = role_defaults("models")["models_dir"]
 SMI_FIELDS = "name,memory.total,compute_cap,driver_version"
 # nvidia-smi calls the display column display_attached from driver 565 (Yes/No), display_mode before (Enabled/
 # Disabled); an unknown field fails the whole query, so the script asks the new name first, then the old one.

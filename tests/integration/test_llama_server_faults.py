@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.support import REPO, Run, kit_env, own_cache, recap, run, wait_for_image_build
+from tests.support import REPO, Run, kit_env, own_cache, recap, role_defaults, run, wait_for_image_build
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/faults"
 RIG = "sandbox-faults"
@@ -104,16 +104,14 @@ def test_mismatched_drafter_is_refused_before_the_server_is_touched(previous, tm
     from rigkit.sandbox.tiny_gemma4 import write_pair
 
     _target, drafter = write_pair(tmp_path / "t.gguf", tmp_path / "wide-assistant.gguf", embedding_length_out=128)
-    assert in_rig(CONTAINER, "mkdir", "-p", "/var/lib/rigkit/models/mismatch").returncode == 0
-    copied = subprocess.run(
-        ["docker", "cp", str(drafter), f"{CONTAINER}:/var/lib/rigkit/models/mismatch/wide-assistant.gguf"],
-        check=False,
-    )
+    mismatch = f"{role_defaults('models')['models_dir']}/mismatch"
+    assert in_rig(CONTAINER, "mkdir", "-p", mismatch).returncode == 0
+    copied = subprocess.run(["docker", "cp", str(drafter), f"{CONTAINER}:{mismatch}/wide-assistant.gguf"], check=False)
     assert copied.returncode == 0
     done = provision_run(
         RIG,
         "-e",
-        "llama_server_drafter_path=/var/lib/rigkit/models/mismatch/wide-assistant.gguf",
+        f"llama_server_drafter_path={mismatch}/wide-assistant.gguf",
         log="fault-mismatch",
     )
     assert done.returncode != 0

@@ -21,14 +21,14 @@ import yaml
 from ansible.module_utils.model_catalog import rig_model_path
 
 from rigkit.paths import cached_model_path
-from tests.support import REPO, Run, free_port, model_catalog, recap, run
+from tests.support import REPO, Run, free_port, model_catalog, recap, role_defaults, run
 
 CATALOG = model_catalog()
 
 FLEET = ("fleet1", "fleet2", "fleet3")
 INVENTORY = ["-i", "inventory/hosts.yml", "-i", "tests/integration/inventories/fleet/hosts.yml"]
 PLAYBOOK = "tests/integration/playbooks/models_fleet.yml"
-MODELS_DIR = "/var/lib/rigkit/models"
+MODELS_DIR = role_defaults("models")["models_dir"]
 FLEET_INVENTORY = yaml.safe_load((REPO / "tests/integration/inventories/fleet/hosts.yml").read_text())
 RIG_MODELS = {
     host: sorted({spec["models_target"], spec["models_drafter"]})

@@ -146,7 +146,7 @@ def test_container_runs_least_privileged(rig):
     assert host_config["Privileged"] is False
     mounts = {mount["Destination"]: mount for mount in inspect["Mounts"]}
     models = rig.settings["llama_server_models_dir"]
-    models = models if "{{" not in models else rig.hostvars.get("models_dir", "/var/lib/rigkit/models")
+    models = models if "{{" not in models else rig.hostvars.get("models_dir", role_defaults("models")["models_dir"])
     assert mounts[models]["RW"] is False
 
 

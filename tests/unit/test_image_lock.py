@@ -17,17 +17,15 @@ from rigkit.paths import UnsafeDirectoryError, image_lock, private_dir
 from tests.support import REPO
 
 
-def _make_var(name: str, env: dict[str, str]) -> str:
-    out = subprocess.run(
-        ["make", "-s", "--no-print-directory", "--eval", f"print-var: ; @echo '$({name})'", "print-var"],
-        cwd=REPO,
+def _image_lock(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(REPO / "bin" / "rigkit"), "image-lock"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=False,
     )
-    return out.stdout.strip()
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -36,18 +34,20 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def test_the_makefile_locks_under_the_kits_cache_not_run_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_make_image_locks_under_the_kits_cache_not_run_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("IMAGE_LOCK", raising=False)
     monkeypatch.setenv("RIGKIT_CACHE_DIR", str(tmp_path))
-    made = _make_var("IMAGE_LOCK", _env(RIGKIT_CACHE_DIR=str(tmp_path)))
-    assert made == str(image_lock()) == f"{tmp_path}/run/llamacpp-image.lock"
+    made = _image_lock(_env(RIGKIT_CACHE_DIR=str(tmp_path)))
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.strip() == str(image_lock()) == f"{tmp_path}/run/llamacpp-image.lock"
+    assert stat.S_IMODE(os.lstat(tmp_path / "run").st_mode) == 0o700
     monkeypatch.delenv("RIGKIT_CACHE_DIR")
-    assert _make_var("IMAGE_LOCK", _env()) == str(image_lock()) == "/var/cache/rigkit/run/llamacpp-image.lock"
+    assert str(image_lock()) == "/var/cache/rigkit/run/llamacpp-image.lock"
 
 
 def test_make_image_makes_the_lock_directory_private_before_it_locks() -> None:
     recipe = (REPO / "Makefile").read_text().split("\nimage:", 1)[1].split("\n\n", 1)[0]
-    assert recipe.index("bin/rigkit lock-dir '$(dir $(IMAGE_LOCK))'") < recipe.index("flock '$(IMAGE_LOCK)'")
+    assert recipe.index('lock="$$($(BIN)/python bin/rigkit image-lock)" &&') < recipe.index('flock "$$lock"')
 
 
 def test_the_lock_directory_is_created_private(tmp_path: Path) -> None:
@@ -92,18 +92,9 @@ def test_the_cli_refuses_with_exit_2_and_says_what_to_do(tmp_path: Path) -> None
     shared = tmp_path / "run"
     shared.mkdir()
     shared.chmod(0o777)
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bin" / "rigkit"), "lock-dir", f"{shared}/"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
+    done = _image_lock(_env(RIGKIT_CACHE_DIR=str(tmp_path)))
+    assert done.returncode == 2 and not done.stdout
     assert "refusing the lock directory" in done.stderr and "chmod 0700" in done.stderr
-    ok = subprocess.run(
-        [sys.executable, str(REPO / "bin" / "rigkit"), "lock-dir", str(tmp_path / "new" / "run")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    ok = _image_lock(_env(IMAGE_LOCK=str(tmp_path / "new" / "run" / "image.lock")))
     assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == str(tmp_path / "new" / "run" / "image.lock")

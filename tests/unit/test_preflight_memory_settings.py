@@ -3,6 +3,7 @@ llama_server role's filters, the controller preflight, the validation and make d
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from ansible.module_utils.preflight.memory import (
     memory_budget_mib,
     memory_headroom_mib,
 )
+from ansible.module_utils.preflight.server import MIB, PreflightError, preflight
 
 from rigkit.discovery.facts import DiscoverError, parse_gather
 from rigkit.discovery.profile import plan_profile, render_host_vars
@@ -97,6 +99,19 @@ def test_the_role_defaults_are_auto_and_the_spec_documents_what_auto_is() -> Non
     assert (
         f"`auto`: `{AUTO_HEADROOM_MIB['gpu']}` on a GPU" in readme and f"`{AUTO_HEADROOM_MIB['cpu']}` on CPU" in readme
     )
+
+
+def test_the_preflight_without_a_headroom_adds_the_auto_figure_of_its_device(
+    gemma3_270m_gguf: Path,
+) -> None:
+    """preflight() has no headroom figure of its own: left out, it is auto, resolved by the one rule."""
+    settings = {"ctx_size": 2048, "flash_attn": "on"}
+    for gpu_layers, device in ((0, "cpu"), ("all", "gpu")):
+        result = preflight(gemma3_270m_gguf, None, {**settings, "gpu_layers": gpu_layers}, 65536)
+        assert result.ok, result.problems
+        assert result.estimate is not None and result.estimate.headroom == AUTO_HEADROOM_MIB[device] * MIB
+    with pytest.raises(PreflightError, match=rf"{HEADROOM_VARIABLE} is 'autoo'; expected auto"):
+        preflight(gemma3_270m_gguf, None, {**settings, "headroom_mib": "autoo"}, 65536)
 
 
 def test_the_roles_preflight_gets_both_through_the_filters() -> None:

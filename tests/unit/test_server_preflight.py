@@ -34,6 +34,8 @@ from tests import support
 from tests.fixtures.gemma4_headers import E2B, E4B, assistant_header, gemma4_header
 
 REPO = Path(__file__).resolve().parents[2]
+# the headroom the hand-worked figures below add (the role's auto figures are test_preflight_memory_settings.py's)
+HEADROOM_MIB = 512
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +151,7 @@ def test_spec_type_without_drafter_and_drafter_without_spec_type(tiny_gemma4_pai
 
 # ------------------------------------------------------------------------------------------ KV cache
 def kv(path: Path, **settings: Any) -> int:
-    args = {"ctx_size": 2048, "gpu_layers": 0, "flash_attn": "on", **settings}
+    args = {"ctx_size": 2048, "gpu_layers": 0, "flash_attn": "on", "headroom_mib": HEADROOM_MIB, **settings}
     return estimate_memory(meta(path), **args).kv_cache_target
 
 
@@ -228,18 +230,18 @@ def test_weights_follow_llama_cpp_placement(gemma3_270m_gguf: Path) -> None:
     sizes = {t.name: t.nbytes for t in m.tensors}
     everything = sum(sizes.values())
     assert everything == 246_587_904
-    host = estimate_memory(m, ctx_size=2048, gpu_layers=0)
+    host = estimate_memory(m, headroom_mib=HEADROOM_MIB, ctx_size=2048, gpu_layers=0)
     assert (host.device, host.weights_target) == ("host", everything)
     # all layers: token_embd stays on the CPU as the input layer, but the tied output puts a copy on the GPU
-    gpu = estimate_memory(m, ctx_size=2048, gpu_layers="all")
+    gpu = estimate_memory(m, headroom_mib=HEADROOM_MIB, ctx_size=2048, gpu_layers="all")
     assert (gpu.device, gpu.weights_target) == ("gpu", everything)
     # -ngl 18 of 18 blocks + output: layers 1..17 and the output layer (output_norm, tied token_embd) offloaded
-    part = estimate_memory(m, ctx_size=2048, gpu_layers=18, flash_attn="on")
+    part = estimate_memory(m, headroom_mib=HEADROOM_MIB, ctx_size=2048, gpu_layers=18, flash_attn="on")
     offloaded = sum(v for k, v in sizes.items() if k.startswith("blk.") and int(k.split(".")[1]) >= 1)
     assert part.weights_target == offloaded + sizes["output_norm.weight"] + sizes["token_embd.weight"]
     assert part.kv_cache_target == gpu.recompute(flash_attn="on").kv_cache_target - 1024 * 1024  # layer 0: SWA
     # -ngl 1: only the output layer
-    assert estimate_memory(m, ctx_size=2048, gpu_layers=1).weights_target == (
+    assert estimate_memory(m, headroom_mib=HEADROOM_MIB, ctx_size=2048, gpu_layers=1).weights_target == (
         sizes["output_norm.weight"] + sizes["token_embd.weight"]
     )
 
@@ -247,7 +249,7 @@ def test_weights_follow_llama_cpp_placement(gemma3_270m_gguf: Path) -> None:
 def test_per_layer_embeddings_stay_in_host_memory(gemma4_rigs: dict[str, Path]) -> None:
     m = meta(gemma4_rigs["e2b"])
     sizes = {t.name: t.nbytes for t in m.tensors}
-    gpu = estimate_memory(m, ctx_size=8192, gpu_layers="all")
+    gpu = estimate_memory(m, headroom_mib=HEADROOM_MIB, ctx_size=8192, gpu_layers="all")
     # token_embd counted once (as the tied output); per_layer_token_embd (35 x 256 x 262144 at Q4_0) not at all
     assert gpu.weights_target == sum(sizes.values()) - sizes["per_layer_token_embd.weight"]
     assert sizes["per_layer_token_embd.weight"] == 35 * 256 * 262144 // 32 * 18
@@ -255,7 +257,12 @@ def test_per_layer_embeddings_stay_in_host_memory(gemma4_rigs: dict[str, Path]) 
 
 # ------------------------------------------------------------------------------------------ fit and context
 def test_budget_too_small_is_refused_with_the_largest_fitting_ctx(gemma3_270m_gguf: Path) -> None:
-    settings = {"ctx_size": 32768, "flash_attn": "off", "memory_kind": "VRAM of the GTX 1650 Ti"}
+    settings = {
+        "ctx_size": 32768,
+        "flash_attn": "off",
+        "memory_kind": "VRAM of the GTX 1650 Ti",
+        "headroom_mib": HEADROOM_MIB,
+    }
     budget = 1000
     result = preflight(gemma3_270m_gguf, None, settings, budget)
     [problem] = result.problems
@@ -273,7 +280,7 @@ def test_budget_too_small_is_refused_with_the_largest_fitting_ctx(gemma3_270m_gg
 
 
 def test_nothing_fits_says_so(gemma3_270m_gguf: Path) -> None:
-    estimate = estimate_memory(meta(gemma3_270m_gguf), ctx_size=2048, flash_attn="on")
+    estimate = estimate_memory(meta(gemma3_270m_gguf), headroom_mib=HEADROOM_MIB, ctx_size=2048, flash_attn="on")
     [problem] = check_fit(estimate, 600, what="VRAM of a tiny GPU")
     assert "no llama_server_ctx_size fits" in problem and "models_target" in problem
 
@@ -300,7 +307,7 @@ def test_settings_are_checked(gemma3_270m_gguf: Path, tmp_path: Path) -> None:
     with pytest.raises(PreflightError, match="unknown preflight settings: ctx"):
         preflight(gemma3_270m_gguf, None, {"ctx": 2048}, 4096)
     with pytest.raises(PreflightError, match="cache_type_k must be one of"):
-        estimate_memory(meta(gemma3_270m_gguf), ctx_size=2048, cache_type_k="q2_k")
+        estimate_memory(meta(gemma3_270m_gguf), headroom_mib=HEADROOM_MIB, ctx_size=2048, cache_type_k="q2_k")
     [problem] = preflight(tmp_path / "absent.gguf", None, {"ctx_size": 2048}, 4096).problems
     assert "does not exist" in problem and "models_target" in problem
     (tmp_path / "page.gguf").write_text("<html>404</html>")
@@ -320,7 +327,13 @@ def test_e4b_at_32k_on_the_4gb_laptop_is_refused_and_e2b_at_8k_fits(gemma4_rigs:
     context: at 32k the laptop's 4 GB cannot hold it. E2B with flash attention on fits both rigs at 8k (the seed
     article runs exactly that on the RTX 3050 and on the GTX 1650 Ti).
     """
-    e2b = {"spec_type": "draft-mtp", "ctx_size": 8192, "flash_attn": "on", "parallel": "auto"}
+    e2b = {
+        "spec_type": "draft-mtp",
+        "ctx_size": 8192,
+        "flash_attn": "on",
+        "parallel": "auto",
+        "headroom_mib": HEADROOM_MIB,
+    }
     desktop = preflight(
         gemma4_rigs["e2b"], gemma4_rigs["e2b-drafter"], {**e2b, "memory_kind": "VRAM of the RTX 3050"}, 8192
     )
@@ -330,7 +343,7 @@ def test_e4b_at_32k_on_the_4gb_laptop_is_refused_and_e2b_at_8k_fits(gemma4_rigs:
     assert desktop.estimate is not None and desktop.estimate.total < 4096 * MIB
 
     e4b = {"spec_type": "draft-mtp", "ctx_size": 32768, "flash_attn": "off", "parallel": 1,
-           "memory_kind": "VRAM of the GTX 1650 Ti"}  # fmt: skip
+           "memory_kind": "VRAM of the GTX 1650 Ti", "headroom_mib": HEADROOM_MIB}  # fmt: skip
     refused = preflight(gemma4_rigs["e4b"], gemma4_rigs["e4b-drafter"], e4b, 4096)
     [problem] = refused.problems
     assert "but VRAM of the GTX 1650 Ti is 4,096 MiB" in problem
@@ -352,9 +365,10 @@ def run_module(args: dict[str, Any], *extra: str) -> dict[str, Any]:
 def test_ansible_module_passes_and_refuses(tiny_gemma4_pair: tuple[Path, Path], tmp_path: Path) -> None:
     target, drafter = tiny_gemma4_pair
     args = {"target": str(target), "drafter": str(drafter), "spec_type": "draft-mtp", "ctx_size": 1024,
-            "flash_attn": "off", "gpu_layers": 0, "memory_budget_mib": 2048, "memory_kind": "RAM"}  # fmt: skip
-    # what the role passes when a host leaves the optional settings unset
-    passed = run_module({**args, "ubatch_size": None, "headroom_mib": None, "gpu_layers_draft": None}, "--check")
+            "flash_attn": "off", "gpu_layers": 0, "memory_budget_mib": 2048, "memory_kind": "RAM",
+            "headroom_mib": HEADROOM_MIB}  # fmt: skip
+    # what the role passes when a host leaves the optional settings unset (the headroom always arrives resolved)
+    passed = run_module({**args, "ubatch_size": None, "gpu_layers_draft": None}, "--check")
     assert not passed.get("failed"), passed.get("msg")
     assert passed["changed"] is False
     assert passed["facts"]["drafter_embedding_length_out"] == passed["facts"]["target_embedding_length"] == 64
@@ -376,7 +390,12 @@ def test_attention_scratch_matches_llama_server_compute_buffers(gemma3_270m_gguf
     m = meta(gemma3_270m_gguf)
 
     def scratch(ctx: int, flash: str) -> float:
-        return estimate_memory(m, ctx_size=ctx, gpu_layers=0, flash_attn=flash).attention_scratch / MIB
+        return (
+            estimate_memory(
+                m, headroom_mib=HEADROOM_MIB, ctx_size=ctx, gpu_layers=0, flash_attn=flash
+            ).attention_scratch
+            / MIB
+        )
 
     assert scratch(32768, "off") - scratch(8192, "off") == pytest.approx(331.76 - 91.76, abs=0.01)
     assert scratch(32768, "on") - scratch(8192, "on") == pytest.approx(50.77 - 26.77, abs=0.01)

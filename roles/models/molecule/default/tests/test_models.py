@@ -13,9 +13,11 @@ import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansibl
 # isort: split
 from ansible.module_utils.model_catalog import rig_model_path
 
+from rigkit.validation.rules import role_defaults
+
 REPO = pathlib.Path(__file__).resolve().parents[5]
 CATALOG = yaml.safe_load((REPO / "inventory/group_vars/all/model_catalog.yml").read_text())["model_catalog"]
-MODELS_DIR = "/var/lib/rigkit/models"
+MODELS_DIR = role_defaults("models")["models_dir"]
 DEPLOYED = ("tiny-gemma4-target", "tiny-gemma4-assistant")
 
 
