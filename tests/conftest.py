@@ -36,12 +36,11 @@ def tiny_gemma4_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
 
 # --- make test's workers (pytest-xdist) -------------------------------------------------------------------------
 # Each group of tests runs in one worker, in order; tests in no group go to any worker. These integration modules
-# share the kit's sandbox rigs (sandbox and sandbox-mtp, converged once per worker by their session fixtures, and
-# sandbox-3 beside them); every other integration module has rigs and ports of its own and is a group by itself;
+# share the kit's sandbox rigs (sandbox and sandbox-mtp, converged once per worker by their session fixtures);
+# every other integration module has rigs and ports of its own and is a group by itself;
 # each Molecule scenario and each unit test stands alone.
 SHARED_SANDBOX_RIGS = (
     "test_bench.py",
-    "test_fleet.py",
     "test_fleet_services.py",
     "test_llama_server.py",
     "test_llamacpp_image.py",

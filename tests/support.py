@@ -51,6 +51,12 @@ def own_cache(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     return cache
 
 
+def remove_rig(container: str) -> None:
+    """Remove a sandbox rig's container and the Docker data volume its engine keeps (<container>-docker)."""
+    subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
+    subprocess.run(["docker", "volume", "rm", "-f", f"{container}-docker"], capture_output=True, check=False)
+
+
 def free_port(*addresses: str) -> int:
     """A port no socket holds on any of ``addresses`` (default 127.0.0.1), outside the ephemeral range."""
     import random

@@ -38,12 +38,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rigkit.paths import cache_dir
+from tests.support import remove_rig as remove_container
+
 REPO = Path(__file__).resolve().parents[2]
 INVENTORY = REPO / "tests" / "integration" / "inventories" / "noop" / "hosts.yml"
 CALLBACKS = REPO / "tests" / "bench" / "callbacks"
 VENV_BIN = REPO / ".venv" / "bin"
 DEFAULT_CACHE = Path("/var/cache/noop-rigkit")
-MACHINE_CACHE = Path(os.environ.get("RIGKIT_CACHE_DIR") or "/var/cache/rigkit")
+MACHINE_CACHE = cache_dir()
 
 
 def env(tasks_file: Path, cache_dir: Path, root: Path) -> dict[str, str]:
@@ -201,8 +204,7 @@ def connection_costs(cache_dir: Path, log_dir: Path, reps: int = 3) -> dict[str,
 
 
 def remove_rig(index: int) -> None:
-    subprocess.run(["docker", "rm", "-f", f"noop-rig{index}"], capture_output=True, check=False)
-    subprocess.run(["docker", "volume", "rm", "-f", f"noop-rig{index}-docker"], capture_output=True, check=False)
+    remove_container(f"noop-rig{index}")
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

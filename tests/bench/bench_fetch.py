@@ -65,6 +65,7 @@ from ansible.module_utils.fetch.model import (  # noqa: E402
 
 from rigkit.sandbox import gemma3_270m  # noqa: E402
 from tests.fixtures.hf_standin import Fault, HfStandin  # noqa: E402
+from tests.support import remove_rig  # noqa: E402
 
 MB = 1e6
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -501,8 +502,7 @@ def bench_fleet(work: Path) -> dict[str, Any]:
 
     def remove_rigs() -> None:
         for host in hosts:
-            subprocess.run(["docker", "rm", "-f", f"rigkit-{host}"], capture_output=True, check=False)
-            subprocess.run(["docker", "volume", "rm", "-f", f"rigkit-{host}-docker"], capture_output=True, check=False)
+            remove_rig(f"rigkit-{host}")
 
     model = "gemma-3-270m-it-q4_k_m"
     cmd = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "tests/integration/playbooks/models_fleet.yml"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import REPO, run
+from tests.support import REPO, remove_rig, run
 
 
 @pytest.fixture(scope="module")
@@ -94,5 +94,4 @@ def test_the_discovered_profile_converges(container: str, tmp_path: Path) -> Non
         assert "draft acceptance" in converged.output
     finally:
         # provision turned the container into a systemd rig with a Docker data volume of its own
-        subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
-        subprocess.run(["docker", "volume", "rm", f"{container}-docker"], capture_output=True, check=False)
+        remove_rig(container)

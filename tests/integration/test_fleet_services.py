@@ -27,7 +27,7 @@ import pytest
 import requests
 import yaml
 
-from tests.support import REPO, own_cache, recap, run, wait_for_image_build
+from tests.support import REPO, own_cache, recap, remove_rig, run, wait_for_image_build
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/gateway"
 INVENTORY = f"{REPO / 'inventory/hosts.yml'},{INVENTORY_DIR}"
@@ -46,8 +46,7 @@ ALERTMANAGER = f"http://127.0.0.1:{GATEWAY_SETTINGS['fleet_monitor_alertmanager_
 
 def remove_containers() -> None:
     for name in CONTAINERS:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
-        subprocess.run(["docker", "volume", "rm", "-f", f"{name}-docker"], capture_output=True, check=False)
+        remove_rig(name)
 
 
 def make(host: str, cache: Path, log: str, *args: str) -> object:

@@ -13,11 +13,22 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support import REPO, Run, kit_env, own_cache, recap, role_defaults, run, wait_for_image_build
+from tests.support import (
+    REPO,
+    Run,
+    kit_env,
+    own_cache,
+    recap,
+    remove_rig,
+    role_defaults,
+    run,
+    wait_for_image_build,
+)
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/faults"
 RIG = "sandbox-faults"
@@ -27,15 +38,14 @@ SETTINGS = yaml.safe_load((INVENTORY_DIR / "hosts.yml").read_text())["all"]["chi
 CONTAINER = SETTINGS["ansible_host"]
 UNIT = "rigkit-llama-main.service"
 URL = f"http://127.0.0.1:{SETTINGS['llama_server_port']}"
-_CACHE: dict[str, str] = {}
 
 
-def rig_env() -> dict[str, str]:
+def rig_env(cache: Path) -> dict[str, str]:
     """The kit's inventory plus this rig's, and a controller cache of its own (own mirror pidfile and lock)."""
     return {
         "ANSIBLE_INVENTORY": f"{REPO / 'inventory/hosts.yml'},{INVENTORY_DIR}",
-        "RIGKIT_CACHE_DIR": _CACHE["dir"],
-        "RIGKIT_LOCK_FILE": f"{_CACHE['dir']}/rigs.lock.json",
+        "RIGKIT_CACHE_DIR": str(cache),
+        "RIGKIT_LOCK_FILE": str(cache / "rigs.lock.json"),
     }
 
 
@@ -43,31 +53,27 @@ def in_rig(container: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", "exec", container, *argv], capture_output=True, text=True, check=False)
 
 
-def remove_rig() -> None:
-    subprocess.run(["docker", "rm", "-f", CONTAINER], capture_output=True, check=False)
-    subprocess.run(["docker", "volume", "rm", "-f", f"{CONTAINER}-docker"], capture_output=True, check=False)
-
-
-def provision(host: str, *extra: str, log: str) -> tuple[int, str]:
-    result = provision_run(host, *extra, log=log)
+def provision(env: dict[str, str], *extra: str, log: str) -> tuple[int, str]:
+    result = provision_run(env, *extra, log=log)
     return result.returncode, result.output
 
 
-def provision_run(host: str, *extra: str, log: str) -> Run:
-    """`make provision`, with the rigkit_results JSON to match task outcomes in."""
-    argv = ["make", "--no-print-directory", "provision", f"host={host}", f"ARGS={' '.join(extra)}"]
-    return run(argv, log_name=log, results=True, **rig_env())
+def provision_run(env: dict[str, str], *extra: str, log: str) -> Run:
+    """`make provision` of the rig in ``env`` (rig_env), with the rigkit_results JSON to match task outcomes in."""
+    argv = ["make", "--no-print-directory", "provision", f"host={RIG}", f"ARGS={' '.join(extra)}"]
+    return run(argv, log_name=log, results=True, **env)
 
 
 @pytest.fixture(scope="module")
-def faults_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def faults_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The rig provisioned from nothing; yields its environment (rig_env) for every later run."""
     wait_for_image_build()
-    remove_rig()
-    _CACHE["dir"] = str(own_cache(tmp_path_factory, "faults-cache"))
-    code, output = provision(RIG, log="provision-sandbox-faults-first")
+    remove_rig(CONTAINER)
+    env = rig_env(own_cache(tmp_path_factory, "faults-cache"))
+    code, output = provision(env, log="provision-sandbox-faults-first")
     assert code == 0, output[-6000:]
-    yield output
-    remove_rig()
+    yield env
+    remove_rig(CONTAINER)
 
 
 def serving(container: str = CONTAINER, url: str = URL) -> dict:
@@ -100,7 +106,7 @@ def still_serving(previous: dict) -> None:
     assert now["timings"]["draft_n"] > 0
 
 
-def test_mismatched_drafter_is_refused_before_the_server_is_touched(previous, tmp_path):
+def test_mismatched_drafter_is_refused_before_the_server_is_touched(faults_rig, previous, tmp_path):
     from rigkit.sandbox.tiny_gemma4 import write_pair
 
     _target, drafter = write_pair(tmp_path / "t.gguf", tmp_path / "wide-assistant.gguf", embedding_length_out=128)
@@ -109,7 +115,7 @@ def test_mismatched_drafter_is_refused_before_the_server_is_touched(previous, tm
     copied = subprocess.run(["docker", "cp", str(drafter), f"{CONTAINER}:{mismatch}/wide-assistant.gguf"], check=False)
     assert copied.returncode == 0
     done = provision_run(
-        RIG,
+        faults_rig,
         "-e",
         f"llama_server_drafter_path={mismatch}/wide-assistant.gguf",
         log="fault-mismatch",
@@ -122,34 +128,34 @@ def test_mismatched_drafter_is_refused_before_the_server_is_touched(previous, tm
     still_serving(previous)
 
 
-def test_context_that_cannot_fit_is_refused(previous):
-    code, output = provision(RIG, "-e", "llama_server_memory_budget_mib=1", log="fault-memory")
+def test_context_that_cannot_fit_is_refused(faults_rig, previous):
+    code, output = provision(faults_rig, "-e", "llama_server_memory_budget_mib=1", log="fault-memory")
     assert code != 0
     assert "llama_server_ctx_size" in output and "MiB" in output
     still_serving(previous)
-    code, output = provision(RIG, "-e", "llama_server_ctx_size=1048576", log="fault-context")
+    code, output = provision(faults_rig, "-e", "llama_server_ctx_size=1048576", log="fault-context")
     assert code != 0 and "llama_server_ctx_size" in output
     still_serving(previous)
 
 
-def test_unknown_flag_rolls_back_with_the_servers_own_words(previous):
-    code, output = provision(RIG, "-e", '\'{"llama_server_extra_args": ["--no-such-flag"]}\'', log="fault-flag")
+def test_unknown_flag_rolls_back_with_the_servers_own_words(faults_rig, previous):
+    code, output = provision(faults_rig, "-e", '\'{"llama_server_extra_args": ["--no-such-flag"]}\'', log="fault-flag")
     assert code != 0
     assert "--no-such-flag" in output and "last working unit was restored" in output
     still_serving(previous)
 
 
-def test_health_check_that_never_passes_rolls_back(previous):
+def test_health_check_that_never_passes_rolls_back(faults_rig, previous):
     """A server that runs but never answers /health (every route moved under --api-prefix): rolled back."""
     extra = '\'{"llama_server_extra_args": ["--api-prefix", "/elsewhere"], "llama_server_health_timeout": 15}\''
-    code, output = provision(RIG, "-e", extra, log="fault-health")
+    code, output = provision(faults_rig, "-e", extra, log="fault-health")
     assert code != 0
     assert "did not answer 200 within 15 s" in output and "last working unit was restored" in output
     still_serving(previous)
     assert in_rig(CONTAINER, "curl", "-sf", f"{URL}/elsewhere/health").returncode != 0
 
 
-def test_gpu_rig_whose_server_runs_on_the_cpu_is_refused_and_rolled_back(previous):
+def test_gpu_rig_whose_server_runs_on_the_cpu_is_refused_and_rolled_back(faults_rig, previous):
     """The rig declared a GPU rig (llama_server_require_gpu, every layer asked of the GPU): its CPU build starts,
     answers /health and drafts, exactly what a CUDA build does when CUDA fails; the offload check refuses it naming the
     cause, and the last good unit serves again."""
@@ -158,7 +164,7 @@ def test_gpu_rig_whose_server_runs_on_the_cpu_is_refused_and_rolled_back(previou
         "llama_server_gpu_layers": "all",
         "llama_server_gpu_layers_draft": "all",
     }
-    done = provision_run(RIG, "-e", f"'{json.dumps(declared)}'", log="fault-cpu-fallback")
+    done = provision_run(faults_rig, "-e", f"'{json.dumps(declared)}'", log="fault-cpu-fallback")
     assert done.returncode != 0, done.tail(80)
     # the new server passes health and a drafting canary (load lines on: --verbosity 4); only the GPU check refuses it
     assert done.statuses(RIG, "Wait for health and a canary that drafts") == ["ok"]
@@ -200,10 +206,10 @@ def draft_n_max(argv: list[str]) -> str | None:
     return argv[argv.index("--spec-draft-n-max") + 1] if "--spec-draft-n-max" in argv else None
 
 
-def provision_killed_after(host: str, task: str, *extra: str) -> str:
+def provision_killed_after(rig_env: dict[str, str], task: str, *extra: str) -> str:
     """`make provision` killed with SIGKILL (the whole process group) right after `task` printed its result."""
-    argv = ["make", "--no-print-directory", "provision", f"host={host}", f"ARGS={' '.join(extra)}"]
-    env = kit_env(**rig_env(), PYTHONUNBUFFERED="1", ANSIBLE_FORCE_COLOR="0")
+    argv = ["make", "--no-print-directory", "provision", f"host={RIG}", f"ARGS={' '.join(extra)}"]
+    env = kit_env(**rig_env, PYTHONUNBUFFERED="1", ANSIBLE_FORCE_COLOR="0")
     with subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
     ) as proc:
@@ -248,24 +254,24 @@ def test_a_provision_killed_mid_rollout_is_followed_by_one_that_converges_the_ru
     before = draft_n_max(running_argv())
     wanted = "2" if before != "2" else "1"
     change = f"-e llama_server_spec_draft_n_max={wanted}"
-    killed = provision_killed_after(RIG, task, change)
+    killed = provision_killed_after(faults_rig, task, change)
     if task in ROLLOUT_WRITES[:2]:
         assert draft_n_max(running_argv()) == before, killed[-3000:]  # killed before the restart
     if task == "Write the unit":
         words = " ".join(unit_text().replace('"', "").replace("\\\n", " ").split())
         assert f"--spec-draft-n-max {wanted} " in words, words
-    code, output = provision(RIG, change, log=f"after-kill-{_slug(task)}")
+    code, output = provision(faults_rig, change, log=f"after-kill-{_slug(task)}")
     assert code == 0, output[-6000:]
     assert draft_n_max(running_argv()) == wanted, output[-6000:]
     assert "Wait for health and a canary that drafts" in output
-    code, output = provision(RIG, change, log=f"after-kill-noop-{_slug(task)}")
+    code, output = provision(faults_rig, change, log=f"after-kill-noop-{_slug(task)}")
     assert code == 0 and recap(output)[RIG]["changed"] == 0, output[-6000:]
 
 
 def test_after_the_killed_rollouts_the_inventorys_setting_converges_back(faults_rig):
     """Each killed rollout above left the rig on the other draft length it asked for; without -e the inventory's
     comes back and serves."""
-    code, output = provision(RIG, log="after-kill-restore")
+    code, output = provision(faults_rig, log="after-kill-restore")
     assert code == 0, output[-6000:]
     assert draft_n_max(running_argv()) == str(SETTINGS["llama_server_spec_draft_n_max"])
     assert serving()["health"] == '{"status":"ok"}'

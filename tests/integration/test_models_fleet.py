@@ -21,7 +21,7 @@ import yaml
 from ansible.module_utils.model_catalog import rig_model_path
 
 from rigkit.paths import cached_model_path
-from tests.support import REPO, Run, free_port, model_catalog, recap, role_defaults, run
+from tests.support import REPO, Run, free_port, model_catalog, recap, remove_rig, role_defaults, run
 
 CATALOG = model_catalog()
 
@@ -50,8 +50,7 @@ def rig_path(name: str) -> str:
 
 def remove_rigs() -> None:
     for host in FLEET:
-        run(["docker", "rm", "-f", f"rigkit-{host}"])
-        run(["docker", "volume", "rm", "-f", f"rigkit-{host}-docker"])
+        remove_rig(f"rigkit-{host}")
 
 
 @dataclass

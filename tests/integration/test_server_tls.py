@@ -19,7 +19,7 @@ import pytest
 import yaml
 from ansible.module_utils.llama_server.api import Endpoint, ServerApiError, complete, health
 
-from tests.support import REPO, exec_start_argv, own_cache, recap, rig_suite, run, wait_for_image_build
+from tests.support import REPO, exec_start_argv, own_cache, recap, remove_rig, rig_suite, run, wait_for_image_build
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/tls"
 INVENTORY = f"{REPO / 'inventory/hosts.yml'},{INVENTORY_DIR}"
@@ -39,11 +39,6 @@ def in_rig(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", "exec", CONTAINER, *argv], capture_output=True, text=True, check=False)
 
 
-def remove_rig() -> None:
-    subprocess.run(["docker", "rm", "-f", CONTAINER], capture_output=True, check=False)
-    subprocess.run(["docker", "volume", "rm", "-f", f"{CONTAINER}-docker"], capture_output=True, check=False)
-
-
 def make(target: str, *extra: str, cache: Path, log: str) -> object:
     # Its own cache (and so its own mirror pidfile and run directory): the kit's sandboxes may converge meanwhile.
     return run(
@@ -58,7 +53,7 @@ def make(target: str, *extra: str, cache: Path, log: str) -> object:
 @pytest.fixture(scope="module")
 def tls_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     wait_for_image_build()
-    remove_rig()
+    remove_rig(CONTAINER)
     cache = own_cache(tmp_path_factory, "tls-cache")
     started = time.monotonic()
     first = make("provision", cache=cache, log="provision-tls-first")
@@ -70,7 +65,7 @@ def tls_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     cert.write_text(fetched.stdout)
     print(f"tls-rig provisioned in {seconds:.0f} s")
     yield {"cache": cache, "cert": cert, "first": first}
-    remove_rig()
+    remove_rig(CONTAINER)
 
 
 def endpoint(rig: dict, host: str = "127.0.0.1", key: str | None = API_KEY) -> Endpoint:

@@ -727,18 +727,27 @@ def test_a_secret_in_extra_args_is_refused_without_being_shown(extra):
     assert "hunter2" not in text, text
 
 
-def test_the_file_named_is_the_one_that_set_the_value():
+def test_the_file_named_is_the_one_that_set_the_value(tmp_path):
     """Later inventory sources override earlier ones, inline host variables count, and --extra-vars says so."""
     from rigkit.inventory_files import Sources
 
-    broken = REPO / "tests/integration/inventories/rollout-broken"
-    sources = Sources([str(REPO / "inventory/hosts.yml"), str(broken)], "sandbox-mtp", ["sandbox_rigs", "rigs"])
-    assert sources.file_of("llama_server_ctx_size", 65536).endswith("rollout-broken/host_vars/sandbox-mtp.yml")
+    later = tmp_path / "later"
+    (later / "host_vars").mkdir(parents=True)
+    (later / "hosts.yml").write_text("all:\n  children:\n    sandbox_rigs:\n      hosts:\n        sandbox-mtp:\n")
+    (later / "host_vars" / "sandbox-mtp.yml").write_text("llama_server_ctx_size: 65536\n")
+    sources = Sources([str(REPO / "inventory/hosts.yml"), str(later)], "sandbox-mtp", ["sandbox_rigs", "rigs"])
+    assert sources.file_of("llama_server_ctx_size", 65536).endswith("later/host_vars/sandbox-mtp.yml")
     assert sources.file_of("models_target").endswith("inventory/host_vars/sandbox-mtp.yml")
     assert sources.file_of("rig_kind", "sandbox").endswith("inventory/group_vars/sandbox_rigs.yml")
     assert sources.file_of("llama_server_port", 0).startswith("--extra-vars (overriding ")
-    inline = Sources(str(broken / "hosts.yml"), "sandbox-3", ["sandbox_rigs", "rigs"])
+    broken = REPO / "tests/integration/inventories/rollout-broken"
+    inline = Sources(str(broken / "hosts.yml"), "rollout-3", ["sandbox_rigs", "rigs"])
     assert inline.file_of("llama_server_spec_draft_n_max", 3).endswith("rollout-broken/hosts.yml")
+    assert (
+        Sources(str(broken), "rollout-2", ["sandbox_rigs", "rigs"])
+        .file_of("llama_server_ctx_size", 65536)
+        .endswith("rollout-broken/host_vars/rollout-2.yml")
+    )
 
 
 def test_context_beyond_the_catalogs_trained_context_is_refused():

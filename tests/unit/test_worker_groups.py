@@ -24,7 +24,10 @@ def test_the_named_modules_exist():
 
 
 def test_groups_by_node_id():
-    assert worker_group("tests/integration/test_fleet.py::test_status_shows_all_three") == "sandbox-rigs"
+    assert (
+        worker_group("tests/integration/test_fleet_services.py::test_second_converge_changes_nothing") == "sandbox-rigs"
+    )
+    assert worker_group("tests/integration/test_fleet.py::test_status_shows_all_three") == "test_fleet.py"
     assert worker_group("tests/integration/test_bench.py::test_report[sandbox-mtp]") == "sandbox-rigs"
     assert worker_group("tests/integration/test_server_tls.py::test_x") == "test_server_tls.py"
     assert worker_group("tests/integration/test_molecule.py::test_molecule_scenario[docker-default]") is None
