@@ -16,7 +16,7 @@ import pytest
 import yaml
 from ansible.module_utils.fetch.model import FetchOptions, FetchResult, record_path
 
-from rigkit.paths import CATALOG, cache_dir, image_lock
+from rigkit.paths import CATALOG, cache_dir
 from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 from rigkit.validation.rules import role_defaults
 
@@ -219,31 +219,22 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-IMAGE_LOCK = image_lock()  # the Makefile's IMAGE_LOCK: <cache>/run/llamacpp-image.lock unless set
+_IMAGE_BUILT: list[str] = []
 
 
-def wait_for_image_build(timeout: float = 3600.0) -> float:
-    """Wait while `make image` (CI starts it in the background) holds the image lock; returns seconds waited.
-    Tests that provision rigs call this first, so they reuse that build instead of starting a second one."""
-    import fcntl
-    import time
-
-    if not IMAGE_LOCK.exists():
-        return 0.0
-    started = time.monotonic()
-    with IMAGE_LOCK.open("rb") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if time.monotonic() - started > timeout:
-                    raise TimeoutError(
-                        f"the image build holding {IMAGE_LOCK} did not finish in {timeout:.0f} s"
-                    ) from None
-                time.sleep(5)
-                continue
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            return time.monotonic() - started
+def build_image_once() -> None:
+    """The sandbox rigs' llama.cpp image (one tag for every sandbox rig the tests make), built once for the whole
+    run: tests that provision a sandbox rig call this first. When the engine lacks it, `make image host=sandbox`
+    builds it under make image's lock (rigkit.paths.image_lock), so workers that ask meanwhile wait for that one
+    build instead of each starting their own, then find the image."""
+    if _IMAGE_BUILT:
+        return
+    tag = image_inputs("sandbox")["sandbox"]["tag"]
+    present = subprocess.run(["docker", "image", "inspect", tag], capture_output=True, check=False)
+    if present.returncode != 0:
+        built = run(["make", "--no-print-directory", "image", "host=sandbox"], log_name="image-sandbox")
+        assert built.returncode == 0, built.tail(80)
+    _IMAGE_BUILT.append(tag)
 
 
 def render_server_files(work: Path, hosts: dict[str, dict], extra: dict | None = None) -> tuple[Path, dict]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import ARTIFACTS, recap, run, wait_for_image_build
+from tests.support import ARTIFACTS, build_image_once, recap, run
 
 # Tests that never need the llama.cpp image run first.
 FIRST = ("test_harness.py", "test_molecule.py", "test_models_fleet.py")
@@ -42,7 +42,7 @@ def harness() -> dict[str, int]:
 @pytest.fixture(scope="session")
 def sandbox_provisioned(harness) -> str:
     """`make provision host=sandbox` from whatever state the sandbox is in; returns its output."""
-    wait_for_image_build()
+    build_image_once()
     first = run(["make", "--no-print-directory", "provision", "host=sandbox"], log_name="provision-sandbox-first")
     assert first.returncode == 0, first.tail(120)
     return first.output
@@ -51,7 +51,7 @@ def sandbox_provisioned(harness) -> str:
 @pytest.fixture(scope="session")
 def mtp_provisioned(harness) -> str:
     """`make provision host=sandbox-mtp` (the tiny gemma4 pair on draft-mtp); returns its output."""
-    wait_for_image_build()
+    build_image_once()
     first = run(
         ["make", "--no-print-directory", "provision", "host=sandbox-mtp"], log_name="provision-sandbox-mtp-first"
     )

@@ -19,11 +19,11 @@ from tests.support import (
     LLAMACPP_BUILD_INFO,
     LLAMACPP_COMMIT,
     REPO,
+    build_image_once,
     own_cache,
     recap,
     remove_rig,
     run,
-    wait_for_image_build,
 )
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/rollout"
@@ -78,7 +78,7 @@ def remove_rigs() -> None:
 def fleet(harness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """The three rigs provisioned as one fleet: two converged before on another draft length (a change to roll
     out), the third from nothing; so all three run the provision play, one at a time."""
-    wait_for_image_build()
+    build_image_once()
     remove_rigs()
     cache = own_cache(tmp_path_factory, "fleet-cache")
     fleet = {"lock": cache / "rigs.lock.json", "cache": cache}
