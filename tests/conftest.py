@@ -58,6 +58,28 @@ def worker_group(nodeid: str) -> str | None:
     return "sandbox-rigs" if module in SHARED_SANDBOX_RIGS else module
 
 
+# The order make test's workers take the tests in (pytest-xdist hands out groups in collection order): the kit's
+# sandboxes' lane first (the longest; its first fixture builds the llama.cpp image on a cold machine), then what
+# never needs that image (the harness, the Molecule scenarios, the models fleet) and the unit tests while it builds,
+# then the lanes that wait for the image.
+NO_IMAGE = ("test_harness.py", "test_molecule.py", "test_models_fleet.py")
+
+
+def run_order(item: pytest.Item) -> int:
+    if "/integration/" not in str(item.path):
+        return 2
+    if item.path.name in SHARED_SANDBOX_RIGS:
+        return 0
+    return 1 if item.path.name in NO_IMAGE else 3
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/integration/" in str(item.path):
+            item.add_marker(pytest.mark.integration)
+    items[:] = [item for _, item in sorted(enumerate(items), key=lambda pair: (run_order(pair[1]), pair[0]))]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """--dist=loadgroup by worker_group (pytest-xdist's own reads xdist_group marks, which pytest 9 loses)."""

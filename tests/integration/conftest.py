@@ -6,22 +6,6 @@ import pytest
 
 from tests.support import ARTIFACTS, build_image_once, recap, run
 
-# Tests that never need the llama.cpp image run first.
-FIRST = ("test_harness.py", "test_molecule.py", "test_models_fleet.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "/integration/" in str(item.path):
-            item.add_marker(pytest.mark.integration)
-
-    def rank(item: pytest.Item) -> int:
-        if "/integration/" not in str(item.path):
-            return -1
-        return FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST)
-
-    items[:] = [item for _, item in sorted(enumerate(items), key=lambda pair: (rank(pair[1]), pair[0]))]
-
 
 @pytest.fixture(scope="session")
 def harness() -> dict[str, int]:
