@@ -219,24 +219,6 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-_IMAGE_BUILT: list[str] = []
-
-
-def build_image_once() -> None:
-    """The sandbox rigs' llama.cpp image (one tag for every sandbox rig the tests make), built once for the whole
-    run: tests that provision a sandbox rig call this first. When the engine lacks it, `make image host=sandbox`
-    builds it under make image's lock (rigkit.paths.image_lock), so workers that ask meanwhile wait for that one
-    build instead of each starting their own, then find the image."""
-    if _IMAGE_BUILT:
-        return
-    tag = image_inputs("sandbox")["sandbox"]["tag"]
-    present = subprocess.run(["docker", "image", "inspect", tag], capture_output=True, check=False)
-    if present.returncode != 0:
-        built = run(["make", "--no-print-directory", "image", "host=sandbox"], log_name="image-sandbox")
-        assert built.returncode == 0, built.tail(80)
-    _IMAGE_BUILT.append(tag)
-
-
 def render_server_files(work: Path, hosts: dict[str, dict], extra: dict | None = None) -> tuple[Path, dict]:
     """Run tests/unit/playbooks/render_server_files.yml for local hosts; (output dir, the JSON callback's result).
 

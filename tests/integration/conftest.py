@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import ARTIFACTS, build_image_once, recap, run
+from tests.support import ARTIFACTS, recap, run
 
 
 @pytest.fixture(scope="session")
@@ -24,18 +24,26 @@ def harness() -> dict[str, int]:
 
 
 @pytest.fixture(scope="session")
-def sandbox_provisioned(harness) -> str:
+def llama_image(harness) -> None:
+    """The sandbox rigs' llama.cpp image (one tag for every sandbox rig the tests make), made once per worker
+    before a test provisions a sandbox rig: `make image host=sandbox` builds it under make image's lock
+    (rigkit.paths.image_lock), so workers that ask while it builds wait for that one build instead of each starting
+    their own, then find it (about 2 s when the engine has it)."""
+    built = run(["make", "--no-print-directory", "image", "host=sandbox"], log_name="image-sandbox")
+    assert built.returncode == 0, built.tail(80)
+
+
+@pytest.fixture(scope="session")
+def sandbox_provisioned(llama_image) -> str:
     """`make provision host=sandbox` from whatever state the sandbox is in; returns its output."""
-    build_image_once()
     first = run(["make", "--no-print-directory", "provision", "host=sandbox"], log_name="provision-sandbox-first")
     assert first.returncode == 0, first.tail(120)
     return first.output
 
 
 @pytest.fixture(scope="session")
-def mtp_provisioned(harness) -> str:
+def mtp_provisioned(llama_image) -> str:
     """`make provision host=sandbox-mtp` (the tiny gemma4 pair on draft-mtp); returns its output."""
-    build_image_once()
     first = run(
         ["make", "--no-print-directory", "provision", "host=sandbox-mtp"], log_name="provision-sandbox-mtp-first"
     )

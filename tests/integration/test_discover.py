@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import REPO, build_image_once, remove_rig, run
+from tests.support import REPO, remove_rig, run
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +75,8 @@ def test_discover_writes_a_cpu_profile_for_a_container(container: str, tmp_path:
     assert hostvars["ansible_host"] == container  # the literal beats the group's rigkit-{{ inventory_hostname }}
 
 
-def test_the_discovered_profile_converges(container: str, tmp_path: Path) -> None:
+def test_the_discovered_profile_converges(llama_image, container: str, tmp_path: Path) -> None:
     """Discover a container, then `make provision` the profile it wrote: the rig converges and drafts."""
-    build_image_once()
     inventory = tmp_path / "inventory"
     shutil.copytree(REPO / "inventory", inventory)
     port = 18198

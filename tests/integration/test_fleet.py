@@ -19,7 +19,6 @@ from tests.support import (
     LLAMACPP_BUILD_INFO,
     LLAMACPP_COMMIT,
     REPO,
-    build_image_once,
     own_cache,
     recap,
     remove_rig,
@@ -75,10 +74,9 @@ def remove_rigs() -> None:
 
 
 @pytest.fixture(scope="module")
-def fleet(harness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+def fleet(llama_image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """The three rigs provisioned as one fleet: two converged before on another draft length (a change to roll
     out), the third from nothing; so all three run the provision play, one at a time."""
-    build_image_once()
     remove_rigs()
     cache = own_cache(tmp_path_factory, "fleet-cache")
     fleet = {"lock": cache / "rigs.lock.json", "cache": cache}

@@ -27,7 +27,7 @@ import pytest
 import requests
 import yaml
 
-from tests.support import REPO, build_image_once, own_cache, recap, remove_rig, run
+from tests.support import REPO, own_cache, recap, remove_rig, run
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/gateway"
 INVENTORY = f"{REPO / 'inventory/hosts.yml'},{INVENTORY_DIR}"
@@ -88,7 +88,6 @@ def ask(gateway: dict, model: str | None, key: str | None = CLIENT_KEY, **body: 
 
 @pytest.fixture(scope="module")
 def gateway(sandbox_provisioned, mtp_provisioned, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    build_image_once()
     remove_containers()
     cache = own_cache(tmp_path_factory, "gateway-cache")
     rig = make(RIG, cache, "provision-gw-tls-rig")

@@ -21,7 +21,6 @@ import yaml
 from tests.support import (
     REPO,
     Run,
-    build_image_once,
     kit_env,
     own_cache,
     recap,
@@ -65,9 +64,8 @@ def provision_run(env: dict[str, str], *extra: str, log: str) -> Run:
 
 
 @pytest.fixture(scope="module")
-def faults_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def faults_rig(llama_image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The rig provisioned from nothing; yields its environment (rig_env) for every later run."""
-    build_image_once()
     remove_rig(CONTAINER)
     env = rig_env(own_cache(tmp_path_factory, "faults-cache"))
     code, output = provision(env, log="provision-sandbox-faults-first")

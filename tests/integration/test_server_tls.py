@@ -19,7 +19,7 @@ import pytest
 import yaml
 from ansible.module_utils.llama_server.api import Endpoint, ServerApiError, complete, health
 
-from tests.support import REPO, build_image_once, exec_start_argv, own_cache, recap, remove_rig, rig_suite, run
+from tests.support import REPO, exec_start_argv, own_cache, recap, remove_rig, rig_suite, run
 
 INVENTORY_DIR = REPO / "tests/integration/inventories/tls"
 INVENTORY = f"{REPO / 'inventory/hosts.yml'},{INVENTORY_DIR}"
@@ -51,8 +51,7 @@ def make(target: str, *extra: str, cache: Path, log: str) -> object:
 
 
 @pytest.fixture(scope="module")
-def tls_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    build_image_once()
+def tls_rig(llama_image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     remove_rig(CONTAINER)
     cache = own_cache(tmp_path_factory, "tls-cache")
     started = time.monotonic()

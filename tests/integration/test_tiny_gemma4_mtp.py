@@ -28,7 +28,7 @@ from ansible.module_utils.llama_server.api import (
 )
 
 from rigkit.sandbox.tiny_gemma4 import BYTE_TOKEN_BASE, expected_continuation, write_pair
-from tests.support import REPO, build_image_once, free_port, unavailable
+from tests.support import REPO, free_port, unavailable
 
 IMAGE_REPOSITORY = "rigkit/llama-server"
 # The rig suite's threshold for the sandbox-mtp rig that serves this pair.
@@ -55,7 +55,6 @@ def docker(*argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess[st
 def cpu_image() -> str:
     """The newest CPU llama-server image on this machine's engine, or skip (fail in CI) when there is none."""
     try:
-        build_image_once()
         listed = docker("images", IMAGE_REPOSITORY, "--format", "{{.Repository}}:{{.Tag}}")
     except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
         unavailable(f"no Docker engine to run {IMAGE_REPOSITORY} ({exc}); start it with `make harness`")
@@ -86,7 +85,7 @@ def running(name: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def mtp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def mtp_server(llama_image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     image = cpu_image()
     models = tmp_path_factory.mktemp("tiny-gemma4-mtp")
     models.chmod(0o755)  # the image runs as 10001:10001
