@@ -172,13 +172,18 @@ def test_part_from_interrupted_run_is_resumed(hub: HfStandin, medium: Served, mo
     assert medium.served_by(hub) - medium.size <= medium.size // 100
 
 
-def test_server_ignoring_range_restarts_cleanly(hub: HfStandin, medium: Served, models: Path) -> None:
+def interrupted_download(hub: HfStandin, medium: Served, models: Path) -> tuple[Path, int]:
+    """A download cut after 2 MiB with every retry refused: (its destination, the bytes of the part it kept)."""
     medium.publish(hub)
     medium.fault(hub, Fault("reset", after_bytes=2 * MiB), Fault("status", status=500, times=None))
     dest = models / medium.filename
     with pytest.raises(DownloadError):
         fetch_model(medium.entry(), dest, options(hub, retries=0))
-    kept = part_of(dest).stat().st_size
+    return dest, part_of(dest).stat().st_size
+
+
+def test_server_ignoring_range_restarts_cleanly(hub: HfStandin, medium: Served, models: Path) -> None:
+    dest, kept = interrupted_download(hub, medium, models)
     hub.clear_faults()
     hub.reset_counters()
     medium.fault(hub, Fault("ignore_range", times=None))
@@ -558,12 +563,7 @@ def test_check_mode_reports_without_touching_anything(hub: HfStandin, tiny: Serv
 
 
 def test_check_mode_reports_resume(hub: HfStandin, medium: Served, models: Path) -> None:
-    medium.publish(hub)
-    medium.fault(hub, Fault("reset", after_bytes=2 * MiB), Fault("status", status=500, times=None))
-    dest = models / medium.filename
-    with pytest.raises(DownloadError):
-        fetch_model(medium.entry(), dest, options(hub, retries=0))
-    kept = part_of(dest).stat().st_size
+    dest, kept = interrupted_download(hub, medium, models)
     planned = fetch_model(medium.entry(), dest, options(hub, check_mode=True))
     assert (planned.operation, planned.resumed_from) == ("resume", kept)
     assert part_of(dest).stat().st_size == kept
