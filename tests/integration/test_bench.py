@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import subprocess
 
 import jsonschema
@@ -23,12 +22,18 @@ RIGS = {
         "url": "http://127.0.0.1:18080",
         "concurrency_max": 1,
         "kinds": ["code"],
+        # Self-drafting on the CPU disagrees with its own batched verification at near-ties: 98 of 106 drafts
+        # accepted over three runs (0.92). A run drafts about 36 tokens, so at a pooled floor of 0.8 a working
+        # drafter fails under 1 % of runs; a mismatched one (acceptance <= 0.6) passes under 1 %.
+        "min_acceptance": 0.8,
     },
     "sandbox-mtp": {
         "container": "rigkit-sandbox-mtp",
         "url": "http://127.0.0.1:18081",
         "concurrency_max": 2,
         "kinds": ["code", "prose", "chat", "structured"],
+        # The tiny pair is deterministic: its drafter drafts exactly the cycle its target emits.
+        "min_acceptance": 0.9,
     },
 }
 UNIT = "/etc/systemd/system/rigkit-llama-main.service"
@@ -117,12 +122,18 @@ def test_drafter_off_means_no_drafts_and_on_means_drafts(benched):
 
 def test_drafts_are_accepted_on_both_rigs(benched):
     """Gemma 3 270M drafts for itself; the tiny pair's drafter drafts the cycle its target emits
-    (rigkit/sandbox/tiny_gemma4.py). A JSON schema's grammar, not the model, picks the structured kind's tokens."""
+    (rigkit/sandbox/tiny_gemma4.py). A JSON schema's grammar, not the model, picks the structured kind's tokens,
+    so acceptance is pooled over the free kinds' drafted tokens."""
     drafting = [cell for cell in benched["report"]["cells"] if cell["draft_n_max"] > 0]
-    acceptance = statistics.median(cell["median"]["acceptance"] for cell in drafting)
-    assert acceptance >= 0.9, [(c["kind"], c["concurrency"], c["draft_n_max"], c["median"]) for c in drafting]
+    free = [cell for cell in drafting if cell["kind"] != "structured"]
+    samples = [sample for cell in free for sample in cell["samples"]]
+    accepted = sum(sample["draft_n_accepted"] for sample in samples)
+    drafted = sum(sample["draft_n"] for sample in samples)
+    assert drafted > 0 and accepted / drafted >= benched["rig"]["min_acceptance"], [
+        (c["kind"], c["concurrency"], c["draft_n_max"], [(s["draft_n_accepted"], s["draft_n"]) for s in c["samples"]])
+        for c in free
+    ]
     if benched["host"] == "sandbox-mtp":
-        free = [cell for cell in drafting if cell["kind"] != "structured"]
         assert all(cell["median"]["acceptance"] >= 0.9 for cell in free), [(c["kind"], c["median"]) for c in free]
 
 
