@@ -58,26 +58,32 @@ def worker_group(nodeid: str) -> str | None:
     return "sandbox-rigs" if module in SHARED_SANDBOX_RIGS else module
 
 
-# The order make test's workers take the tests in (pytest-xdist hands out groups in collection order): the kit's
-# sandboxes' lane first (the longest; its first fixture builds the llama.cpp image on a cold machine), then what
-# never needs that image (the harness, the Molecule scenarios, the models fleet) and the unit tests while it builds,
-# then the lanes that wait for the image.
+# The order make test's workers take the tests in (groups are handed out in collection order): the kit's sandboxes'
+# lane first (the longest; its first fixture builds the llama.cpp image on a cold machine), then what never needs
+# that image (the harness, the Molecule scenarios, the models fleet) while it builds, then the lanes that need it,
+# longest first, and the unit tests last, to fill the workers' gaps at the end.
 NO_IMAGE = ("test_harness.py", "test_molecule.py", "test_models_fleet.py")
+LONGEST_IMAGE_LANES = ("test_llama_server_faults.py", "test_fleet.py", "test_discover.py")
 
 
-def run_order(item: pytest.Item) -> int:
+def run_order(item: pytest.Item) -> tuple[int, int]:
     if "/integration/" not in str(item.path):
-        return 2
-    if item.path.name in SHARED_SANDBOX_RIGS:
-        return 0
-    return 1 if item.path.name in NO_IMAGE else 3
+        return (4, 0)
+    name = item.path.name
+    if name in SHARED_SANDBOX_RIGS:
+        return (0, 0)
+    if name in NO_IMAGE:
+        return (1, 0)
+    if name in LONGEST_IMAGE_LANES:
+        return (2, LONGEST_IMAGE_LANES.index(name))
+    return (3, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/integration/" in str(item.path):
             item.add_marker(pytest.mark.integration)
-    items[:] = [item for _, item in sorted(enumerate(items), key=lambda pair: (run_order(pair[1]), pair[0]))]
+    items[:] = [item for _, item in sorted(enumerate(items), key=lambda pair: (*run_order(pair[1]), pair[0]))]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -86,6 +92,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    # Hand the groups out in run_order: xdist's default reorder (largest group first) put every unit test last,
+    # so on a cold machine two workers waited for the image build with a thousand unit tests still queued.
+    config.option.loadscopereorder = False
 
     class RigGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
