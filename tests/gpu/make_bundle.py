@@ -146,8 +146,9 @@ def pins() -> dict[str, Any]:
 
 
 def default_sdist() -> Path:
-    cache = Path(os.environ.get("RIGKIT_CACHE_DIR", "/var/cache/rigkit"))
-    return cache / "llamacpp" / SDIST_NAME  # where roles/llamacpp_image keeps it
+    from rigkit.paths import cache_dir  # controller only: the device's verify runs without the kit
+
+    return cache_dir() / "llamacpp" / SDIST_NAME  # where roles/llamacpp_image keeps it
 
 
 # ---------------------------------------------------------------------------------------------- cmake flags
@@ -315,7 +316,7 @@ def dir_size(path: Path) -> int:
 def cmd_bundle(args: argparse.Namespace) -> int:
     out = Path(args.out)
     t0 = time.monotonic()
-    manifest = write_source_bundle(Path(args.sdist), out)
+    manifest = write_source_bundle(Path(args.sdist) if args.sdist else default_sdist(), out)
     wheels = [] if args.no_wheels else download_wheels(out / "wheels")
     models = write_models(out / "models")
     summary = {
@@ -484,7 +485,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
     full = work / "full"
     if not (full / "llama.cpp" / "CMakeLists.txt").exists():
         full.mkdir(exist_ok=True)
-        sdist = Path(args.sdist)
+        sdist = Path(args.sdist) if args.sdist else default_sdist()
         with tarfile.open(sdist, "r:gz") as archive:
             subdir = manifest["source"]["subdir"].rstrip("/") + "/"
             members = [m for m in archive.getmembers() if m.name.startswith(subdir)]
@@ -578,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("bundle", help="write .device/ (source bundle + manifest, wheels, models)")
-    p.add_argument("--sdist", default=str(default_sdist()))
+    p.add_argument("--sdist", help=f"default: the kit's cache, llamacpp/{SDIST_NAME}")
     p.add_argument("--out", default=str(DEVICE_DIR))
     p.add_argument("--no-wheels", action="store_true")
     p.set_defaults(func=cmd_bundle)
@@ -596,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_image)
     p = sub.add_parser("prove", help="configure the full and the trimmed tree (and build the trimmed one)")
     p.add_argument("--bundle-dir", default=str(DEVICE_DIR))
-    p.add_argument("--sdist", default=str(default_sdist()))
+    p.add_argument("--sdist", help=f"default: the kit's cache, llamacpp/{SDIST_NAME}")
     p.add_argument("--work", default="/tmp/rigkit-trim-proof")
     p.add_argument("--cuda-arch", default="90")
     p.add_argument("--generator", default="Ninja", help="cmake generator ('' = cmake's default)")
