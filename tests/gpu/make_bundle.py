@@ -151,6 +151,11 @@ def default_sdist() -> Path:
     return cache_dir() / "llamacpp" / SDIST_NAME  # where roles/llamacpp_image keeps it
 
 
+def sdist_of(args: argparse.Namespace) -> Path:
+    """--sdist, else the kit's cached copy (looked up only when a command needs it)."""
+    return Path(args.sdist) if args.sdist else default_sdist()
+
+
 # ---------------------------------------------------------------------------------------------- cmake flags
 def dockerfile_cmake_flags(*, cuda_arch: str | None, commit: str, build_number: int) -> list[str]:
     """The -D flags docker/Dockerfile's build stage passes to cmake, for a CUDA (cuda_arch) or CPU build."""
@@ -316,7 +321,7 @@ def dir_size(path: Path) -> int:
 def cmd_bundle(args: argparse.Namespace) -> int:
     out = Path(args.out)
     t0 = time.monotonic()
-    manifest = write_source_bundle(Path(args.sdist) if args.sdist else default_sdist(), out)
+    manifest = write_source_bundle(sdist_of(args), out)
     wheels = [] if args.no_wheels else download_wheels(out / "wheels")
     models = write_models(out / "models")
     summary = {
@@ -485,7 +490,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
     full = work / "full"
     if not (full / "llama.cpp" / "CMakeLists.txt").exists():
         full.mkdir(exist_ok=True)
-        sdist = Path(args.sdist) if args.sdist else default_sdist()
+        sdist = sdist_of(args)
         with tarfile.open(sdist, "r:gz") as archive:
             subdir = manifest["source"]["subdir"].rstrip("/") + "/"
             members = [m for m in archive.getmembers() if m.name.startswith(subdir)]

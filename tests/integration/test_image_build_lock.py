@@ -56,13 +56,14 @@ def test_two_runs_that_need_the_same_missing_image_build_it_once_in_turn(small_d
         second = pool.submit(build, small_dockerfile, "image-lock-second")
         results = [first.result(), second.result()]
     work = CACHE_DIR / "llamacpp"
-    logs = [log for log in work.glob("build-*.log") if nonce in log.read_text()]
-    tags = {re.search(r"--tag (\S+)", log.read_text())[1] for log in logs}
+    texts = {log: log.read_text() for log in work.glob("build-*.log")}
+    logs = {log: text for log, text in texts.items() if nonce in text}
+    tags = {re.search(r"--tag (\S+)", text)[1] for text in logs.values()}
     try:
         for result in results:
             assert result.returncode == 0, result.tail(60)
-        assert len(logs) == 2 and len(tags) == 1, (logs, tags)
-        builds = sorted((float(WAITED_RE.search(log.read_text())[1]), log.read_text()) for log in logs)
+        assert len(logs) == 2 and len(tags) == 1, (list(logs), tags)
+        builds = sorted((float(WAITED_RE.search(text)[1]), text) for text in logs.values())
         (first_wait, _), (second_wait, second_log) = builds
         assert second_wait >= 10, (first_wait, second_wait)  # it waited for the first build's 20 s step
         assert "Using cache" in second_log.split(nonce, 1)[1], second_log[-3000:]
