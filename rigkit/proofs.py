@@ -22,7 +22,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -119,22 +119,46 @@ def _cuda_image_proof(rig: str, arch: str) -> Proof:
     )
 
 
-def _dkms_proof(debian: str, scenario: str, container: str, what: str, kernels: int) -> Proof:
-    """The pinned driver's module built by DKMS in one Debian release's Molecule scenario (roles/nvidia_driver)."""
+def _molecule_proof(
+    role: str, scenario: str, container: str, summary: str, readback: tuple[str, ...], decisive: str, decisive_min: int
+) -> Proof:
+    """A role's Molecule scenario (converge, idempotence, testinfra verify) kept as a proof: its container stays up
+    for the readback (``readback`` run in it), then goes."""
     return Proof(
-        name=f"nvidia-driver-dkms-debian{debian}",
-        summary=f"{what} (roles/nvidia_driver/molecule/{scenario})",
+        name=f"molecule-{role.replace('_', '-')}" + ("" if scenario == "default" else f"-{scenario}"),
+        summary=f"{summary} (roles/{role}/molecule/{scenario})",
         steps=(
             HARNESS,
-            Step(("molecule", "test", "--scenario-name", scenario, "--destroy", "never"), "roles/nvidia_driver"),
+            Step(("molecule", "test", "--scenario-name", scenario, "--destroy", "never"), f"roles/{role}"),
         ),
-        readback=Step(("docker", "exec", container, "dkms", "status")),
-        decisive=r"^nvidia-current/\S+, \S+, \S+: installed$",
-        decisive_min=kernels,
-        inputs=(f"roles/nvidia_driver/molecule/{scenario}", *RIG_IMAGE_INPUTS, "requirements.txt", "ansible.cfg"),
-        roles=("nvidia_driver",),
-        cleanup=(Step(("molecule", "destroy", "--scenario-name", scenario), "roles/nvidia_driver"),),
+        readback=Step(("docker", "exec", container, *readback)),
+        decisive=decisive,
+        decisive_min=decisive_min,
+        inputs=(f"roles/{role}/molecule/{scenario}", *RIG_IMAGE_INPUTS, "requirements.txt", "ansible.cfg"),
+        roles=(role,),
+        cleanup=(Step(("molecule", "destroy", "--scenario-name", scenario), f"roles/{role}"),),
     )
+
+
+def _dkms_proof(debian: str, scenario: str, container: str, what: str, kernels: int) -> Proof:
+    """The pinned driver's module built by DKMS in one Debian release's Molecule scenario (roles/nvidia_driver)."""
+    return replace(
+        _molecule_proof(
+            "nvidia_driver",
+            scenario,
+            container,
+            what,
+            ("dkms", "status"),
+            r"^nvidia-current/\S+, \S+, \S+: installed$",
+            kernels,
+        ),
+        name=f"nvidia-driver-dkms-debian{debian}",
+    )
+
+
+def _held_packages(*packages: str) -> tuple[str, ...]:
+    """A readback of packages' versions and whether apt holds them: ``<package> <version> <hold|install>``."""
+    return ("dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Want}\n", *packages)
 
 
 PROOFS: tuple[Proof, ...] = (
@@ -155,6 +179,26 @@ PROOFS: tuple[Proof, ...] = (
         2,
     ),
     *(_cuda_image_proof(rig, arch) for rig, arch in (("laptop1650ti", "75"), ("desktop3050", "86"))),
+    # The GPU rigs' package installs, hundreds of MB each from Debian's archive, that no sandbox rig runs.
+    _molecule_proof(
+        "nvidia_driver",
+        "default",
+        "rigkit-molecule-nvidia-driver",
+        "the pinned 535.309.01 userspace (nvidia-smi, libcuda1, libnvidia-ml1) installed and held from an installer's "
+        "apt sources on Debian 12, no kernel build in a container, both rigs' full install plans resolving to the pin",
+        _held_packages("nvidia-smi", "libcuda1", "libnvidia-ml1"),
+        r"^\S+ 535\.309\.01-\S+ hold$",
+        3,
+    ),
+    _molecule_proof(
+        "cuda",
+        "default",
+        "rigkit-molecule-cuda",
+        "Debian 12's nvidia-cuda-toolkit 11.8 installed at the pin and held, nvcc compiling for sm_75 without a GPU",
+        _held_packages("nvidia-cuda-toolkit"),
+        r"^nvidia-cuda-toolkit 11\.8\.89~11\.8\.0-\S+ hold$",
+        1,
+    ),
 )
 # Molecule scenarios that are proofs: make test leaves them to their receipts.
 PROOF_SCENARIOS = frozenset(

@@ -143,7 +143,15 @@ def test_a_missing_or_unreadable_receipt_names_the_target(tmp_path):
 
 def test_proof_scenarios_are_left_out_of_make_tests_molecule_runs():
     scenarios = molecule_scenarios()
-    for scenario in ("dkms", "dkms-trixie"):
-        assert ("nvidia_driver", scenario) in proofs.PROOF_SCENARIOS
-        assert ("nvidia_driver", scenario) not in scenarios
-    assert ("nvidia_driver", "default") in scenarios
+    # the DKMS builds and the GPU rigs' package installs run by their make targets
+    for role, scenario in (
+        ("nvidia_driver", "dkms"),
+        ("nvidia_driver", "dkms-trixie"),
+        ("nvidia_driver", "default"),
+        ("cuda", "default"),
+    ):
+        assert (role, scenario) in proofs.PROOF_SCENARIOS
+        assert (role, scenario) not in scenarios
+    # the scenarios that install no GPU package stay in make test
+    for role in ("docker", "models", "llama_server", "nvidia_container_toolkit"):
+        assert (role, "default") in scenarios
