@@ -84,12 +84,11 @@ tune: setup ## set the host's draft length from its latest bench, if the gain be
 	@$(BIN)/python bin/rigkit check-host '$(host)'
 	@$(BIN)/python bin/rigkit tune '$(host)' $(if $(report),--report '$(report)',) $(ARGS)
 
-# Held while `make image` builds, so a provision that needs the image waits instead of building it twice; `rigkit
-# image-lock` names it (rigkit.paths.image_lock) in a directory of the kit's own, made private first.
+# A provision that needs the image while this builds it waits for that build: the role builds each tag once per
+# build host, under a lock of its own (roles/llamacpp_image, flock).
 image: setup ## build the rig's llama.cpp image on its build host ahead of a provision: make image host=NAME
 	@$(BIN)/python bin/rigkit check-host '$(host)'
-	@lock="$$($(BIN)/python bin/rigkit image-lock)" && \
-	  flock "$$lock" $(BIN)/ansible-playbook playbooks/image.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
+	$(BIN)/ansible-playbook playbooks/image.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
 
 harness: setup ## start the Docker engine and build the base and rig images on this machine
 	$(BIN)/ansible-playbook playbooks/harness.yml

@@ -49,13 +49,6 @@ def lock_file(kit: str | os.PathLike[str] = REPO) -> str:
     return os.environ.get("RIGKIT_LOCK_FILE") or os.path.join(kit, "inventory", "rigs.lock.json")
 
 
-def image_lock() -> Path:
-    """The lock `make image` holds while it builds ($IMAGE_LOCK, else <cache>/run/llamacpp-image.lock; the Makefile
-    asks `rigkit image-lock`): in a directory of the kit's own, never in a world-writable one such as /run/lock, where
-    any local user could hold the lock, or plant the file so that `make image` cannot open it."""
-    return Path(os.environ.get("IMAGE_LOCK") or cache_dir() / "run" / "llamacpp-image.lock")
-
-
 class UnsafeDirectoryError(Exception):
     """A directory for the kit's locks is not private to this user; the message says what to change."""
 
@@ -69,7 +62,7 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
     with contextlib.suppress(FileExistsError):
         os.mkdir(where, 0o700)
     info = os.lstat(where)
-    elsewhere = "or set RIGKIT_CACHE_DIR (IMAGE_LOCK for make image's lock) to a directory of your own"
+    elsewhere = "or set RIGKIT_CACHE_DIR to a directory of your own"
     if not stat.S_ISDIR(info.st_mode):
         kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a directory"
         raise UnsafeDirectoryError(f"{where} is {kind}: remove it and re-run ({elsewhere})")
@@ -88,7 +81,7 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
     if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
         raise UnsafeDirectoryError(
             f"{where.parent} is writable by everyone without the sticky bit: anyone could replace {where.name} in "
-            "it; set RIGKIT_CACHE_DIR (or IMAGE_LOCK) to a directory of your own"
+            "it; set RIGKIT_CACHE_DIR to a directory of your own"
         )
     return where
 

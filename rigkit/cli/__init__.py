@@ -2,7 +2,6 @@
 
 rigkit check-host NAME   exit 0 when NAME is a rig in the inventory, else list the known rigs
 rigkit hosts             list the rigs
-rigkit image-lock        print make image's lock file, its directory made mode 0700 (or refused unless private)
 rigkit pin --host RIG    pin every model the rig needs (target and drafter) that is not pinned yet
 rigkit pin NAME          pin one catalog entry (revision, sha256, size): with a trusted sha256 in the entry,
                          the newest commit of main holding exactly that file; without one, what main holds

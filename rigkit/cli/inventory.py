@@ -1,5 +1,4 @@
-"""`rigkit hosts` and `rigkit check-host`: which rigs the inventory names (make's host= guard); `rigkit image-lock`:
-the lock `make image` holds, in a private directory."""
+"""`rigkit hosts` and `rigkit check-host`: which rigs the inventory names (make's host= guard)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from rigkit.paths import UnsafeDirectoryError, image_lock, inventory_sources, private_dir
+from rigkit.paths import inventory_sources
 
 
 def known_rigs(pattern: str = "rigs") -> list[str]:
@@ -79,30 +78,9 @@ def check_host(name: str) -> int:
     return 0
 
 
-def image_lock_path() -> int:
-    """Print make image's lock file after making its directory private (or refusing it)."""
-    lock = image_lock()
-    try:
-        private_dir(lock.parent)
-    except UnsafeDirectoryError as exc:
-        print(f"rigkit: refusing the lock directory: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(
-            f"rigkit: cannot create the lock directory {lock.parent}: {exc.strerror or exc}; run as the user that owns "
-            "the kit's cache (root on a rig-building controller) or set RIGKIT_CACHE_DIR to a directory you own",
-            file=sys.stderr,
-        )
-        return 2
-    print(lock)
-    return 0
-
-
 def register(commands: argparse._SubParsersAction) -> None:
     check = commands.add_parser("check-host", help="fail unless NAME (or a comma list) names rigs of the inventory")
     check.add_argument("name")
     check.set_defaults(func=lambda args: check_host(args.name))
     hosts = commands.add_parser("hosts", help="list the rigs")
     hosts.set_defaults(func=lambda _args: print("\n".join(known_rigs())) or 0)
-    lock = commands.add_parser("image-lock", help="print make image's lock file, its directory made private (0700)")
-    lock.set_defaults(func=lambda _args: image_lock_path())

@@ -26,9 +26,9 @@ def harness() -> dict[str, int]:
 @pytest.fixture(scope="session")
 def llama_image(harness) -> None:
     """The sandbox rigs' llama.cpp image (one tag for every sandbox rig the tests make), made once per worker
-    before a test provisions a sandbox rig: `make image host=sandbox` builds it under make image's lock
-    (rigkit.paths.image_lock), so workers that ask while it builds wait for that one build instead of each starting
-    their own, then find it (about 2 s when the engine has it)."""
+    before a test provisions a sandbox rig: `make image host=sandbox` builds it, and workers that ask while it builds
+    wait for that one build (the role's build lock) instead of each starting their own, then find it (about 2 s when
+    the engine has it)."""
     built = run(["make", "--no-print-directory", "image", "host=sandbox"], log_name="image-sandbox")
     assert built.returncode == 0, built.tail(80)
 
