@@ -25,6 +25,8 @@ from rigkit.paths import RIGKIT_BIN, UnsafeDirectoryError, private_dir
 
 MIRROR_START_TIMEOUT_S = 30.0
 MIRROR_STOP_TIMEOUT_S = 15.0
+# How long a run waits for another run's mirror on the same port (that run's models play) before it gives up.
+MIRROR_WAIT_TIMEOUT_S = 3600.0
 
 
 def _read_pid(pidfile: pathlib.Path) -> int | None:
@@ -42,6 +44,47 @@ def _is_our_mirror(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z" and b"mirror" in cmdline and any(part.endswith(b"rigkit") for part in cmdline)
+
+
+def _serves_run(pid: int) -> int | None:
+    """The ansible-playbook run a mirror serves (its --watch-pid), None when it watches none."""
+    try:
+        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return int(cmdline[cmdline.index(b"--watch-pid") + 1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_for_another_runs_mirror(pidfile: pathlib.Path, own_run: int | None, timeout: float) -> float:
+    """While the mirror of ``pidfile`` serves another live run (a second provision on this controller: one port, one
+    run directory), wait for it to stop, as it does when that run's models play ends; the seconds waited. A mirror of
+    this run, of no run, or of a run that is gone is replaced instead (``_stop_mirror``)."""
+    started = time.monotonic()
+    announced = False
+    while True:
+        pid = _read_pid(pidfile)
+        if pid is None or not _is_our_mirror(pid):
+            return time.monotonic() - started
+        run = _serves_run(pid)
+        if run is None or run == own_run or not _alive(run):
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(
+                f"the mirror of another run (ansible-playbook pid {run}) has held {pidfile.parent} for "
+                f"{timeout:.0f} s: let that run finish or stop it, or give this run a RIGKIT_CACHE_DIR and "
+                "models_mirror_port of its own"
+            )
+        if not announced:
+            print(f"rigkit mirror: waiting for the mirror of another run (ansible-playbook pid {run})", file=sys.stderr)
+            announced = True
+        time.sleep(0.2)
 
 
 def _stop_mirror(pidfile: pathlib.Path) -> bool:
@@ -131,7 +174,12 @@ def mirror(args: argparse.Namespace) -> int:
     except UnsafeDirectoryError as exc:
         print(f"rigkit mirror: refusing its run directory: {exc}", file=sys.stderr)
         return 1
-    replaced = _stop_mirror(pidfile)  # a mirror left by an interrupted run: start afresh
+    try:
+        waited = _wait_for_another_runs_mirror(pidfile, args.watch_pid, MIRROR_WAIT_TIMEOUT_S)
+    except TimeoutError as exc:
+        print(f"rigkit mirror: {exc}", file=sys.stderr)
+        return 1
+    replaced = _stop_mirror(pidfile)  # a mirror left by an interrupted run, or this run's own: start afresh
     if args.secret_file:
         _write_secret(pathlib.Path(args.secret_file).absolute())
     ready_r, ready_w = os.pipe()
@@ -195,6 +243,7 @@ def mirror(args: argparse.Namespace) -> int:
                 "secret_file": str(pathlib.Path(args.secret_file).absolute()) if args.secret_file else None,
                 "root": str(pathlib.Path(args.root).absolute()),
                 "replaced": replaced,
+                "waited_s": round(waited, 1),
             }
         )
     )

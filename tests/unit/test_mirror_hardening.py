@@ -24,6 +24,7 @@ import pytest
 
 from rigkit.mirror.files import resolve_request_path
 from rigkit.mirror.models import MAX_PER_CLIENT, MirrorError, ModelMirror, escape_log
+from tests.support import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RIGKIT = [sys.executable, str(REPO / "bin" / "rigkit"), "mirror"]
@@ -427,6 +428,59 @@ def test_cli_secret_stays_off_the_command_line(tree: Path, tmp_path: Path) -> No
     finally:
         subprocess.run([*RIGKIT, "--stop", "--pidfile", str(run / "m.pid")], capture_output=True, timeout=60)
     assert secret not in (run / "m.log").read_text()
+
+
+def test_cli_waits_for_another_runs_mirror_instead_of_replacing_it(tree: Path, tmp_path: Path) -> None:
+    """Two provisions on one controller share the mirror's run directory and port: the second run's mirror starts
+    once the first run's has stopped (it stops when that run ends), never under it. Each run is a process the
+    mirror watches (--watch-pid, as --watch-ansible names the ansible-playbook run)."""
+    port = free_port()
+    runs = [subprocess.Popen(["sleep", "120"]) for _ in range(2)]
+    pidfile = tmp_path / "m.pid"
+    base = [*RIGKIT, "--root", str(tree), "--pidfile", str(pidfile), "--logfile", str(tmp_path / "m.log")]
+    base += ["--port", str(port), "--max-age", "120"]
+    try:
+        first = subprocess.run(
+            [*base, "--watch-pid", str(runs[0].pid)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert first.returncode == 0, first.stderr
+        second = subprocess.Popen(
+            [*base, "--watch-pid", str(runs[1].pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        time.sleep(2)
+        assert second.poll() is None, second.communicate()
+        assert request(port, f"/{rel('model.gguf')}")[0] == 200  # the first run's mirror still serves
+        runs[0].kill()
+        runs[0].wait()
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == 0, err
+        started = json.loads(out)
+        assert started["port"] == port and started["waited_s"] >= 1  # the first mirror, its run gone, may be replaced
+        assert f"waiting for the mirror of another run (ansible-playbook pid {runs[0].pid})" in err
+        assert request(port, f"/{rel('model.gguf')}")[0] == 200
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+        subprocess.run([*RIGKIT, "--stop", "--pidfile", str(pidfile)], capture_output=True, timeout=60, check=False)
+
+
+def test_cli_replaces_a_mirror_of_its_own_run(tree: Path, tmp_path: Path) -> None:
+    """A second models play in the same run (or a run started again by hand) starts afresh, as before."""
+    run = subprocess.Popen(["sleep", "120"])
+    pidfile = tmp_path / "m.pid"
+    base = [*RIGKIT, "--root", str(tree), "--pidfile", str(pidfile), "--logfile", str(tmp_path / "m.log")]
+    base += ["--max-age", "120", "--watch-pid", str(run.pid)]
+    try:
+        first = subprocess.run(base, capture_output=True, text=True, timeout=60, check=False)
+        again = subprocess.run(base, capture_output=True, text=True, timeout=60, check=False)
+        assert first.returncode == 0 and again.returncode == 0, (first.stderr, again.stderr)
+        assert json.loads(again.stdout)["replaced"] is True
+        assert json.loads(again.stdout)["pid"] != json.loads(first.stdout)["pid"]
+    finally:
+        run.kill()
+        run.wait()
+        subprocess.run([*RIGKIT, "--stop", "--pidfile", str(pidfile)], capture_output=True, timeout=60, check=False)
 
 
 def test_cli_serves_only_its_clients(tree: Path, tmp_path: Path) -> None:
