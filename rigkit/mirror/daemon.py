@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import pathlib
@@ -174,6 +175,19 @@ def mirror(args: argparse.Namespace) -> int:
     except UnsafeDirectoryError as exc:
         print(f"rigkit mirror: refusing its run directory: {exc}", file=sys.stderr)
         return 1
+    # One start at a time per pidfile: two runs that both waited for a third run's mirror must not both start.
+    lock = os.open(
+        pidfile.with_name(f".{pidfile.name}.lock"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start(args, pidfile, logfile)
+    finally:
+        os.close(lock)
+
+
+def _start(args: argparse.Namespace, pidfile: pathlib.Path, logfile: pathlib.Path) -> int:
+    """Wait for another run's mirror, replace a stale one, start this one detached and wait until it answers."""
     try:
         waited = _wait_for_another_runs_mirror(pidfile, args.watch_pid, MIRROR_WAIT_TIMEOUT_S)
     except TimeoutError as exc:

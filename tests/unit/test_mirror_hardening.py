@@ -465,6 +465,51 @@ def test_cli_waits_for_another_runs_mirror_instead_of_replacing_it(tree: Path, t
         subprocess.run([*RIGKIT, "--stop", "--pidfile", str(pidfile)], capture_output=True, timeout=60, check=False)
 
 
+def test_cli_runs_that_waited_for_one_mirror_start_theirs_one_at_a_time(tree: Path, tmp_path: Path) -> None:
+    """Two runs waiting for a third run's mirror: when it stops, one starts its mirror and the other waits for that
+    one, instead of both starting at once on the one port."""
+    port = free_port()
+    runs = [subprocess.Popen(["sleep", "120"]) for _ in range(3)]
+    pidfile = tmp_path / "m.pid"
+    base = [*RIGKIT, "--root", str(tree), "--pidfile", str(pidfile), "--logfile", str(tmp_path / "m.log")]
+    base += ["--port", str(port), "--max-age", "120"]
+    try:
+        first = subprocess.run(
+            [*base, "--watch-pid", str(runs[0].pid)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert first.returncode == 0, first.stderr
+        waiting = {
+            run.pid: subprocess.Popen(
+                [*base, "--watch-pid", str(run.pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for run in runs[1:]
+        }
+        time.sleep(1)
+        assert all(start.poll() is None for start in waiting.values())
+        runs[0].kill()
+        runs[0].wait()
+        deadline = time.monotonic() + 60
+        while not any(start.poll() is not None for start in waiting.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)
+        started = [pid for pid, start in waiting.items() if start.poll() is not None]
+        assert len(started) == 1, {pid: start.poll() for pid, start in waiting.items()}
+        assert waiting[started[0]].returncode == 0, waiting[started[0]].communicate()
+        (later,) = (pid for pid in waiting if pid != started[0])
+        for run in runs:
+            if run.pid == started[0]:
+                run.kill()
+                run.wait()
+        out, err = waiting[later].communicate(timeout=60)
+        assert waiting[later].returncode == 0, err
+        assert json.loads(out)["port"] == port
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+        subprocess.run([*RIGKIT, "--stop", "--pidfile", str(pidfile)], capture_output=True, timeout=60, check=False)
+
+
 def test_cli_replaces_a_mirror_of_its_own_run(tree: Path, tmp_path: Path) -> None:
     """A second models play in the same run (or a run started again by hand) starts afresh, as before."""
     run = subprocess.Popen(["sleep", "120"])
