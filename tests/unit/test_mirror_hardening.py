@@ -4,6 +4,7 @@ lines, Range edge cases, the Server header and escaped log lines."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import json
@@ -430,12 +431,15 @@ def test_cli_secret_stays_off_the_command_line(tree: Path, tmp_path: Path) -> No
     assert secret not in (run / "m.log").read_text()
 
 
-def test_cli_waits_for_another_runs_mirror_instead_of_replacing_it(tree: Path, tmp_path: Path) -> None:
-    """Two provisions on one controller share the mirror's run directory and port: the second run's mirror starts
-    once the first run's has stopped (it stops when that run ends), never under it. Each run is a process the
-    mirror watches (--watch-pid, as --watch-ansible names the ansible-playbook run)."""
+@contextlib.contextmanager
+def runs_sharing_a_mirror(
+    tree: Path, tmp_path: Path, count: int
+) -> Iterator[tuple[list[str], int, list[subprocess.Popen]]]:
+    """``count`` runs on one port and run directory, each a process the mirror watches (--watch-pid, as
+    --watch-ansible names the ansible-playbook run); the first run's mirror serves. Yields (the start's argv without
+    --watch-pid, the port, the runs)."""
     port = free_port()
-    runs = [subprocess.Popen(["sleep", "120"]) for _ in range(2)]
+    runs = [subprocess.Popen(["sleep", "120"]) for _ in range(count)]
     pidfile = tmp_path / "m.pid"
     base = [*RIGKIT, "--root", str(tree), "--pidfile", str(pidfile), "--logfile", str(tmp_path / "m.log")]
     base += ["--port", str(port), "--max-age", "120"]
@@ -444,6 +448,19 @@ def test_cli_waits_for_another_runs_mirror_instead_of_replacing_it(tree: Path, t
             [*base, "--watch-pid", str(runs[0].pid)], capture_output=True, text=True, timeout=60, check=False
         )
         assert first.returncode == 0, first.stderr
+        yield base, port, runs
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+        subprocess.run([*RIGKIT, "--stop", "--pidfile", str(pidfile)], capture_output=True, timeout=60, check=False)
+
+
+def test_cli_waits_for_another_runs_mirror_instead_of_replacing_it(tree: Path, tmp_path: Path) -> None:
+    """Two provisions on one controller share the mirror's run directory and port: the second run's mirror starts
+    once the first run's has stopped (it stops when that run ends), never under it. Each run is a process the
+    mirror watches."""
+    with runs_sharing_a_mirror(tree, tmp_path, 2) as (base, port, runs):
         second = subprocess.Popen(
             [*base, "--watch-pid", str(runs[1].pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -458,26 +475,12 @@ def test_cli_waits_for_another_runs_mirror_instead_of_replacing_it(tree: Path, t
         assert started["port"] == port and started["waited_s"] >= 1  # the first mirror, its run gone, may be replaced
         assert f"waiting for the mirror of another run (ansible-playbook pid {runs[0].pid})" in err
         assert request(port, f"/{rel('model.gguf')}")[0] == 200
-    finally:
-        for run in runs:
-            run.kill()
-            run.wait()
-        subprocess.run([*RIGKIT, "--stop", "--pidfile", str(pidfile)], capture_output=True, timeout=60, check=False)
 
 
 def test_cli_runs_that_waited_for_one_mirror_start_theirs_one_at_a_time(tree: Path, tmp_path: Path) -> None:
     """Two runs waiting for a third run's mirror: when it stops, one starts its mirror and the other waits for that
     one, instead of both starting at once on the one port."""
-    port = free_port()
-    runs = [subprocess.Popen(["sleep", "120"]) for _ in range(3)]
-    pidfile = tmp_path / "m.pid"
-    base = [*RIGKIT, "--root", str(tree), "--pidfile", str(pidfile), "--logfile", str(tmp_path / "m.log")]
-    base += ["--port", str(port), "--max-age", "120"]
-    try:
-        first = subprocess.run(
-            [*base, "--watch-pid", str(runs[0].pid)], capture_output=True, text=True, timeout=60, check=False
-        )
-        assert first.returncode == 0, first.stderr
+    with runs_sharing_a_mirror(tree, tmp_path, 3) as (base, port, runs):
         waiting = {
             run.pid: subprocess.Popen(
                 [*base, "--watch-pid", str(run.pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -503,11 +506,6 @@ def test_cli_runs_that_waited_for_one_mirror_start_theirs_one_at_a_time(tree: Pa
         out, err = waiting[later].communicate(timeout=60)
         assert waiting[later].returncode == 0, err
         assert json.loads(out)["port"] == port
-    finally:
-        for run in runs:
-            run.kill()
-            run.wait()
-        subprocess.run([*RIGKIT, "--stop", "--pidfile", str(pidfile)], capture_output=True, timeout=60, check=False)
 
 
 def test_cli_replaces_a_mirror_of_its_own_run(tree: Path, tmp_path: Path) -> None:
