@@ -37,14 +37,21 @@ def _read_pid(pidfile: pathlib.Path) -> int | None:
         return None
 
 
+def _alive(pid: int) -> bool:
+    """Running and not a zombie."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _is_our_mirror(pid: int) -> bool:
     """Alive, not a zombie, and a `rigkit mirror` process (a recycled pid is never signalled)."""
     try:
         cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    except OSError:
         return False
-    return state != "Z" and b"mirror" in cmdline and any(part.endswith(b"rigkit") for part in cmdline)
+    return _alive(pid) and b"mirror" in cmdline and any(part.endswith(b"rigkit") for part in cmdline)
 
 
 def _serves_run(pid: int) -> int | None:
@@ -54,13 +61,6 @@ def _serves_run(pid: int) -> int | None:
         return int(cmdline[cmdline.index(b"--watch-pid") + 1])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _wait_for_another_runs_mirror(pidfile: pathlib.Path, own_run: int | None, timeout: float) -> float:
