@@ -24,6 +24,7 @@ def status(args: argparse.Namespace) -> int:
 
     from rigkit.cli.plan import archive_notes
     from rigkit.fleet.status import render, rows
+    from rigkit.validation.driver_support_rows import status_notes
 
     with tempfile.TemporaryDirectory(prefix="rigkit-status-") as scratch:
         output = pathlib.Path(scratch) / "status.json"
@@ -51,7 +52,7 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({entry["cells"]["rig"]: entry["raw"] for entry in table}, indent=2, sort_keys=True))
     else:
-        print(render(table, archive_notes(fleet)))
+        print(render(table, [*archive_notes(fleet), *status_notes(fleet)]))
     unreachable = sorted(host for host, status in fleet.items() if not status.get("reachable"))
     if unreachable:
         print(f"rigkit status: unreachable: {', '.join(unreachable)}", file=sys.stderr)

@@ -151,8 +151,9 @@ def rows(
 
 
 def render(table_rows: list[dict[str, Any]], archive_notes: Sequence[str] = ()) -> str:
-    """The table and its notes (``archive_notes``: what the Debian archive says of the GPU rigs' pins and next
-    kernel, rigkit.cli.plan.archive_notes)."""
+    """The table and its notes (``archive_notes``: what the controller says of the GPU rigs: the Debian archive on
+    their pins and next kernel, rigkit.cli.plan.archive_notes; their driver branch's support,
+    rigkit.validation.driver_support_rows.status_notes)."""
     cells = [entry["cells"] for entry in table_rows]
     columns = COLUMNS + tuple(column for column in HISTORY_COLUMNS if any(column in line for line in cells))
     # what the rigs report (GPU name, versions, errors) is shown with its control characters escaped
