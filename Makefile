@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # keep 2 cores busy; tests/conftest.py keeps the tests that share a rig in one worker.
 TEST_WORKERS ?= 3
 
-.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan cuda-standin observe fleet-graph
+.PHONY: help setup discover provision check rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan observe fleet-graph
 
 help: ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -92,9 +92,6 @@ image: setup ## build the rig's llama.cpp image on its build host ahead of a pro
 
 harness: setup ## start the Docker engine and build the base and rig images on this machine
 	$(BIN)/ansible-playbook playbooks/harness.yml
-
-cuda-standin: harness ## build the stand-in CUDA base images from NVIDIA's PyPI wheels (docker/cuda-standin), where Docker Hub is out of reach
-	$(BIN)/python bin/rigkit cuda-standin
 
 test: setup ## run every test (unit, then the container integration tests)
 	$(BIN)/pytest --numprocesses=$(TEST_WORKERS) --dist=loadgroup $(PYTEST_ARGS)

@@ -82,11 +82,12 @@ def rig_fleet_preflight(
 
 
 def rig_fleet_validation(
-    hosts: list[str], hostvars: Mapping[str, Any], inventory: str | list[str]
+    hosts: list[str], hostvars: Mapping[str, Any], inventory: str | list[str], scope: str = "deploy"
 ) -> dict[str, dict[str, list[str]]]:
     """The validation play's one task: {rig: {"problems": [...], "preflight": [...]}}. Each rig's variables are
     templated once; the preflight and the archive rule are read only for a rig whose values are sound (those they
-    expect; models not pinned yet do not stop them, so a context that cannot fit is named in the same run)."""
+    expect; models not pinned yet do not stop them, so a context that cannot fit is named in the same run).
+    ``scope`` "image" (make image) checks every value but asks for no model: no pins, no memory preflight."""
     specs = load_specs(ROLES_DIR)
     defaults = plain_defaults(ROLES_DIR, "llama_server")
     archive = Archive()  # Debian's indexes, read once for the fleet (cached on disk)
@@ -97,8 +98,11 @@ def rig_fleet_validation(
         sources = Sources(inventory, host, host_vars["group_names"])
         report = rig_report(host, values, specs=specs, sources=sources, catalog=values.get("model_catalog"))
         preflight: list[str] = []
-        if report.values_sound:
+        if scope == "image":
+            report.problems = [text for text in report.problems if text not in report.unpinned_problems]
+        elif report.values_sound:
             preflight = _preflight(host, values, sources, host_vars["rig_controller_cache_dir"], defaults)
+        if report.values_sound:
             report.problems += archive_problems(host, _resolved(values), sources=sources, lookup=archive.index)
         results[host] = {"problems": report.problems + preflight, "preflight": [] if report.problems else preflight}
     return results

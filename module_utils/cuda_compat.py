@@ -3,7 +3,9 @@
 The rules the controller applies before any rig is contacted (rigkit/validation/rules.py) and that `make plan`
 prints (rigkit/validation/compat.py): the image's CUDA runtime needs a minimum driver; the CUDA toolkit compiles for a
 range of compute capabilities; each driver branch supports a range of GPU generations; Blackwell needs the open
-kernel modules. The module flavour's GeForce rule lives beside the driver pins (module_utils/nvidia_compat.py).
+kernel modules; the image carries compiled code (SASS) or PTX per architecture, and a GPU runs an image only through
+SASS of its own generation, or through PTX that its driver can JIT. The module flavour's GeForce rule lives beside
+the driver pins (module_utils/nvidia_compat.py).
 """
 
 from __future__ import annotations
@@ -71,16 +73,111 @@ LAST_BRANCH: tuple[tuple[tuple[int, int], int, str], ...] = (
 # Blackwell's GPUs run on the open kernel modules only.
 OPEN_MODULES_ONLY_FROM = (10, 0)
 
-_CUDA_IMAGE_RE = re.compile(r"(?:^|/)cuda:([0-9]{1,2})\.([0-9]{1,2})(?:\.([0-9]{1,2}))?-")
+# CUDA 12.x and 13.x binaries run on any driver from these on through minor-version compatibility, when they carry
+# SASS for the GPU (NVIDIA's "CUDA Compatibility"); PTX needs the driver of the toolkit that produced it.
+MINOR_COMPAT_MIN_DRIVER: dict[int, str] = {12: "525.60.13", 13: "580.65.06"}
+# An architecture of CMAKE_CUDA_ARCHITECTURES: "86" (SASS and PTX), "86-real" (SASS), "86-virtual" (PTX).
+_ARCH_RE = re.compile(r"^([0-9]{2,3})([a-z]?)(-real|-virtual)?$")
+# Debian's CUDA package versions: "12.4.127~12.4.1-2" -> the toolkit release after "~".
+_PACKAGE_CUDA_RE = re.compile(r"~([0-9]{1,2})\.([0-9]{1,2})\.([0-9]{1,2})-")
 _VERSION_RE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){0,2}")
 
 
-def cuda_version_of_image(image: Any) -> tuple[int, int, int] | None:
-    """(major, minor, update) from an nvidia/cuda image reference (nvidia/cuda:12.2.2-runtime-ubuntu22.04@...)."""
-    match = _CUDA_IMAGE_RE.search(str(image or ""))
-    if not match:
+def cuda_version_of_package(version: Any) -> tuple[int, int, int] | None:
+    """The CUDA release (major, minor, update) of a Debian CUDA package's version: '12.4.127~12.4.1-2' -> (12, 4, 1)."""
+    match = _PACKAGE_CUDA_RE.search(str(version or ""))
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
+
+def cuda_objects(architectures: Any) -> dict[str, list[str]]:
+    """What CMAKE_CUDA_ARCHITECTURES puts into the binary, as cuobjdump names it: {"sass": ["sm_75", "sm_86"],
+    "ptx": ["compute_86"]}. ValueError names an entry that is not an architecture."""
+    sass: set[str] = set()
+    ptx: set[str] = set()
+    for entry in [part.strip() for part in str(architectures or "").split(";") if part.strip()]:
+        match = _ARCH_RE.fullmatch(entry)
+        if not match:
+            raise ValueError(f"{entry!r} is not a CUDA architecture such as 86, 86-real or 86-virtual")
+        number, kind = match[1] + match[2], match[3]
+        if kind != "-virtual":
+            sass.add(f"sm_{number}")
+        if kind != "-real":
+            ptx.add(f"compute_{number}")
+    return {"sass": sorted(sass), "ptx": sorted(ptx)}
+
+
+def _arch_tuple(name: str) -> tuple[int, int]:
+    """'sm_86' / 'compute_86' -> (8, 6); 'sm_120' -> (12, 0)."""
+    digits = re.sub(r"[^0-9]", "", name.split("_", 1)[1])
+    return int(digits[:-1]), int(digits[-1])
+
+
+def runs_on_gpu_problem(
+    objects: dict[str, list[str]],
+    capability: tuple[int, int],
+    cuda: tuple[int, int, int] | None,
+    branch: Any,
+    version: Any,
+) -> str | None:
+    """Why a binary holding ``objects`` (cuda_objects) cannot run on a GPU of ``capability`` under this driver (an
+    exact version, or only a branch); None when it can. SASS runs on GPUs of its major generation and a minor at
+    least its own; PTX is JIT-compiled by the driver, which must know the toolkit's CUDA (``cuda``)."""
+    shown = f"{capability[0]}.{capability[1]}"
+    if any(_arch_tuple(name)[0] == capability[0] and _arch_tuple(name) <= capability for name in objects["sass"]):
         return None
-    return int(match[1]), int(match[2]), int(match[3] or 0)
+    listed = " ".join(objects["sass"]) or "none"
+    usable_ptx = [name for name in objects["ptx"] if _arch_tuple(name) <= capability]
+    if not usable_ptx:
+        return (
+            f"the image holds compiled code for {listed} and no PTX a compute capability {shown} GPU can use: add "
+            f"{capability[0]}{capability[1]}-real to llamacpp_image_cuda_architectures"
+        )
+    if cuda is None:
+        return None
+    needed = min_driver(cuda)
+    if needed is None:
+        known = ", ".join(shown_cuda(key) for key in CUDA_MIN_DRIVER)
+        return (
+            f"the image's CUDA {shown_cuda(cuda)} is not in the kit's table of minimum drivers, which PTX needs "
+            f"(module_utils/cuda_compat.py CUDA_MIN_DRIVER, from NVIDIA's release notes; known: {known}): add it"
+        )
+    if _older_than(needed, branch, version):
+        return (
+            f"a compute capability {shown} GPU would run the image's PTX ({' '.join(usable_ptx)}) only, which the "
+            f"driver must JIT-compile, and PTX from CUDA {shown_cuda(cuda)} needs driver {needed} or newer: add "
+            f"{capability[0]}{capability[1]}-real to llamacpp_image_cuda_architectures (compiled code runs on "
+            f"driver {MINOR_COMPAT_MIN_DRIVER.get(cuda[0], needed)} and newer)"
+        )
+    return None
+
+
+def default_architectures(capability: Any) -> str:
+    """The image's architectures for a GPU of compute capability '8.6': its compiled code only, "86-real"."""
+    text = str(capability or "").strip()
+    return f"{text.replace('.', '')}-real" if text else ""
+
+
+def minor_compat_problem(cuda: tuple[int, int, int], branch: Any, version: Any) -> str | None:
+    """Why this driver cannot run CUDA ``cuda``'s compiled code at all (minor-version compatibility's floor)."""
+    floor = MINOR_COMPAT_MIN_DRIVER.get(cuda[0])
+    if floor is None:
+        known = ", ".join(str(major) for major in MINOR_COMPAT_MIN_DRIVER)
+        return f"the kit knows no driver floor for CUDA {cuda[0]} (module_utils/cuda_compat.py; known: {known})"
+    if _older_than(floor, branch, version):
+        return f"CUDA {shown_cuda(cuda)} (the image's runtime) runs on driver {floor} or newer"
+    return None
+
+
+def _older_than(needed: str, branch: Any, version: Any) -> bool:
+    """Is this driver (an exact version, or only a branch: its newest build may do) older than ``needed``?"""
+    need = _driver_tuple(needed)
+    if need is None:
+        return False
+    exact = _driver_tuple(version) if version not in (None, "") else None
+    if exact is not None:
+        return exact < need
+    have = _driver_tuple(branch)
+    return have is not None and have[0] < need[0]
 
 
 def _driver_tuple(version: Any) -> tuple[int, ...] | None:
@@ -99,29 +196,6 @@ def min_driver(cuda: tuple[int, int, int]) -> str | None:
     return CUDA_MIN_DRIVER.get(cuda)
 
 
-def driver_problem(cuda: tuple[int, int, int], branch: Any, version: Any) -> str | None:
-    """Why this driver (an exact version, or only a branch) cannot run the CUDA runtime ``cuda``; None when it can."""
-    needed = min_driver(cuda)
-    if needed is None:
-        known = ", ".join(shown_cuda(key) for key in CUDA_MIN_DRIVER)
-        return (
-            f"the image's CUDA {shown_cuda(cuda)} is not in the kit's table of minimum drivers "
-            f"(module_utils/cuda_compat.py CUDA_MIN_DRIVER, from NVIDIA's release notes; known: {known}): add it"
-        )
-    need = _driver_tuple(needed)
-    exact = _driver_tuple(version) if version not in (None, "") else None
-    if need is None:
-        return None
-    if exact is not None:
-        too_old = exact < need
-    else:  # only a branch: its newest build may do, an older branch cannot
-        have = _driver_tuple(branch)
-        too_old = have is not None and have[0] < need[0]
-    if too_old:
-        return f"CUDA {shown_cuda(cuda)} (the image's runtime) needs driver {needed} or newer"
-    return None
-
-
 def arch_problem(cuda: tuple[int, int, int], capability: tuple[int, int]) -> str | None:
     """Why CUDA ``cuda``'s nvcc cannot compile for ``capability``; None when it can."""
     ranges = [entry for entry in CUDA_ARCH_RANGE if entry[0] <= cuda[:2]]
@@ -133,10 +207,10 @@ def arch_problem(cuda: tuple[int, int, int], capability: tuple[int, int]) -> str
     shown = f"{capability[0]}.{capability[1]}"
     if capability > high:
         later = next((release for release, _, top in CUDA_ARCH_RANGE if top >= capability), None)
-        hint = f"a CUDA {later[0]}.{later[1]} base image or newer" if later else "a newer CUDA than the kit knows"
+        hint = f"a CUDA {later[0]}.{later[1]} toolchain or newer" if later else "a newer CUDA than the kit knows"
         top = f"{high[0]}.{high[1]}"
         return f"CUDA {shown_cuda(cuda)} compiles for compute capability {top} at most, not {shown}: use {hint}"
-    return f"CUDA {shown_cuda(cuda)} no longer compiles for compute capability {shown}: use an older CUDA base image"
+    return f"CUDA {shown_cuda(cuda)} no longer compiles for compute capability {shown}: use an older CUDA toolchain"
 
 
 def branch_problem(branch: Any, capability: tuple[int, int]) -> str | None:

@@ -107,8 +107,13 @@ def image(tag: str) -> dict[str, Any] | None:
         "source_sha256": labels.get("io.rigkit.llamacpp.source-sha256"),
         "cuda": labels.get("io.rigkit.ggml-cuda"),
         "cuda_architectures": labels.get("io.rigkit.cuda-architectures"),
+        # what cuobjdump found in the binary at build time (the build fails unless it is what was asked)
+        "cuda_sass": labels.get("io.rigkit.cuda-sass"),
+        "cuda_ptx": labels.get("io.rigkit.cuda-ptx"),
         "build_base_image": labels.get("io.rigkit.build-base-image"),
         "runtime_base_image": labels.get("io.rigkit.runtime-base-image"),
+        "toolchain_packages": labels.get("io.rigkit.toolchain-packages"),
+        "runtime_packages": labels.get("io.rigkit.runtime-packages"),
     }
 
 

@@ -63,8 +63,12 @@ def entry_from_deployed(deployed: dict[str, Any]) -> dict[str, Any]:
                 "llamacpp_build_number",
                 "source_sha256",
                 "cuda_architectures",
+                "cuda_sass",
+                "cuda_ptx",
                 "build_base_image",
                 "runtime_base_image",
+                "toolchain_packages",
+                "runtime_packages",
             )
         },
         "models": models,

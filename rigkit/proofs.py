@@ -74,14 +74,15 @@ RIG_IMAGE_INPUTS = ("docker/rig", "roles/container_harness", "playbooks/harness.
 
 
 def _cuda_image_proof(rig: str, arch: str) -> Proof:
-    """docker/Dockerfile's CUDA path for one rig's architecture (tests/proofs/test_cuda_image.py)."""
+    """The production llama.cpp image of one rig's architecture (tests/proofs/test_cuda_image.py)."""
     return Proof(
         name=f"cuda-image-sm{arch}",
         summary=(
-            f"docker/Dockerfile's CUDA path compiled for sm {arch} with the llamacpp_image role's build arguments for "
-            f"{rig} on stand-in CUDA 13.0.2 bases from NVIDIA's PyPI wheels; the runtime image's ldd complete but for "
-            "the driver's libcuda.so.1; without a GPU it serves the tiny MTP pair on the CPU and the offload check "
-            "refuses it (tests/proofs/test_cuda_image.py)"
+            f"{rig}'s production llama.cpp image (make image's playbook, built on the controller) compiled for sm "
+            f"{arch} from Debian trixie's CUDA 12.4 toolchain at the pinned versions; cuobjdump lists sm_{arch} "
+            "compiled code and no PTX; ldd complete but for the driver's libcuda.so.1; with the Debian 12 rigs' "
+            "libcuda.so.1 and no GPU it reports no CUDA device, serves the tiny MTP pair on the CPU and the offload "
+            "check refuses it (tests/proofs/test_cuda_image.py)"
         ),
         steps=(
             HARNESS,
@@ -97,19 +98,20 @@ def _cuda_image_proof(rig: str, arch: str) -> Proof:
             ),
         ),
         readback=Step(("cat", f"reports/cuda/cuda-image-sm{arch}.txt")),
-        decisive=r"^(build|ldd|libcuda1|cuda|served|offload): ",
-        decisive_min=6,
+        decisive=r"^(build|sass|package|ldd|libcuda1|cuda|served|offload): ",
+        decisive_min=14,
         inputs=(
             "docker/Dockerfile",
-            "docker/cuda-standin",
-            "rigkit/cuda_standin.py",
-            "rigkit/cli/cuda_standin.py",
             "rigkit/sandbox/tiny_gemma4.py",
             "tests/proofs/test_cuda_image.py",
             "tests/integration/playbooks/image_inputs.yml",
+            "playbooks/image.yml",
+            "playbooks/validate.yml",
+            "inventory/group_vars/gpu_rigs.yml",
             "inventory/group_vars/sandbox_rigs.yml",
             f"inventory/host_vars/{rig}.yml",
             "module_utils/gpu_offload.py",
+            "module_utils/cuda_compat.py",
             "module_utils/nvidia_compat.py",
             *RIG_IMAGE_INPUTS,
             "requirements.txt",

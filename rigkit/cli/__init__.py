@@ -28,8 +28,6 @@ rigkit proof NAME | --list | --check
 rigkit observe           the fleet services' way in: the gateway's URL and a curl that works, Prometheus, queries
 rigkit fleet-graph --out PNG [--graph acceptance|decode_tps|gpu_temperature] [--range 30m]
                          a picture of the fleet monitor's graph (headless Chromium on Prometheus's Graph page)
-rigkit cuda-standin [--base-image IMAGE]
-                         build the stand-in CUDA base images from NVIDIA's PyPI wheels (docker/cuda-standin)
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ import argparse
 
 from rigkit.cli import (
     bench,
-    cuda_standin,
     discover,
     fleet,
     fleet_graph,
@@ -56,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rigkit", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (
-        inventory, pin, mirror, sandbox_hub, bench, fleet, discover, plan, proof, cuda_standin, observe, fleet_graph,
+        inventory, pin, mirror, sandbox_hub, bench, fleet, discover, plan, proof, observe, fleet_graph,
     ):  # fmt: skip
         module.register(commands)
     args = parser.parse_args(argv)

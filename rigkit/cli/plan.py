@@ -20,7 +20,12 @@ NAMES = (
     "nvidia_driver_version",
     "nvidia_driver_kernel_modules",
     "llamacpp_image_cuda",
-    "llamacpp_image_runtime_base",
+    "llamacpp_image_cuda_architectures",
+    "llamacpp_image_cuda_toolchain_packages",
+    "llamacpp_image_cuda_runtime_packages",
+    "llamacpp_image_debian_suite",
+    "llamacpp_image_debian_mirror",
+    "llamacpp_image_apt_components",
     "nvidia_driver_source",
     "nvidia_driver_headless",
     "nvidia_driver_debian_mirror",
@@ -61,7 +66,7 @@ def archive_notes(hosts: Iterable[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rigkit.validation.compat import archive_report, compat_findings, plan_lines
+    from rigkit.validation.compat import archive_report, compat_findings, image_archive_report, plan_lines
     from rigkit.validation.debian_archive import Archive
 
     try:
@@ -69,9 +74,10 @@ def run(args: argparse.Namespace) -> int:
     except LookupError as exc:
         print(f"rigkit plan: {exc}", file=sys.stderr)
         return 2
-    archive = archive_report(args.host, values, Archive().index)
-    print("\n".join(plan_lines(args.host, values, archive=archive)))
-    refused = [*compat_findings(values), *archive.findings]
+    read = Archive().index
+    archive, packages = archive_report(args.host, values, read), image_archive_report(args.host, values, read)
+    print("\n".join([*plan_lines(args.host, values, archive=archive), *packages.lines]))
+    refused = [*compat_findings(values), *archive.findings, *packages.findings]
     for variable, value, why in refused:
         print(f"rigkit plan: {args.host}: {variable} is {value!r}: {why}", file=sys.stderr)
     return 1 if refused else 0

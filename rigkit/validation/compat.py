@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,26 +22,34 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.cuda_compat import (
+    MINOR_COMPAT_MIN_DRIVER,
     arch_problem,
     branch_problem,
-    cuda_version_of_image,
-    driver_problem,
+    cuda_objects,
+    cuda_version_of_package,
+    default_architectures,
     flavour_problem,
-    min_driver,
+    minor_compat_problem,
+    runs_on_gpu_problem,
     shown_cuda,
 )
 from ansible.module_utils.nvidia_compat import compute_capability, open_modules_problem
 
 from rigkit import REPO, proofs
 from rigkit.validation.debian_archive import ArchiveError, Index, dpkg_key, kernel_abi, mirrors, newest, split_version
+from rigkit.validation.driver_support_rows import plan_lines as support_lines
 
-IMAGE_BASE = "llamacpp_image_runtime_base"
+RUNTIME_PACKAGES = "llamacpp_image_cuda_runtime_packages"
+TOOLCHAIN_PACKAGES = "llamacpp_image_cuda_toolchain_packages"
+ARCHITECTURES = "llamacpp_image_cuda_architectures"
+# The runtime package whose version names the image's CUDA release (Debian: "12.4.127~12.4.1-2" is CUDA 12.4.1).
+CUDART = "libcudart12"
 _DKMS_LINE_RE = re.compile(r"^nvidia(?:-current)?(?:-open)?/(?P<driver>[0-9.]+), (?P<kernel>[^,\s]+), \S+: installed$")
 
 
 @dataclass(frozen=True)
 class RigCompat:
-    """What the plan is computed from: the rig's GPU and driver pins, and the image's CUDA runtime."""
+    """What the plan is computed from: the rig's GPU and driver pins, and the image's CUDA runtime and code."""
 
     gpu_name: str
     capability_text: str
@@ -48,15 +57,20 @@ class RigCompat:
     branch: str
     version: str
     modules: str
-    image: str
+    runtime: str
     cuda: tuple[int, int, int] | None
     builds_cuda: bool
+    architectures: str
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> RigCompat:
         rig_gpu = values.get("rig_gpu") if isinstance(values.get("rig_gpu"), Mapping) else {}
-        image = str(values.get(IMAGE_BASE) or "")
+        packages = values.get(RUNTIME_PACKAGES) if isinstance(values.get(RUNTIME_PACKAGES), Mapping) else {}
+        runtime = str(packages.get(CUDART) or "")
         builds = values.get("llamacpp_image_cuda", True)
+        architectures = values.get(ARCHITECTURES)
+        if architectures is None or "{{" in str(architectures):  # the role's default: templated, so not read here
+            architectures = default_architectures(rig_gpu.get("compute_capability"))
         return cls(
             gpu_name=str(rig_gpu.get("name") or "the GPU"),
             capability_text=str(rig_gpu.get("compute_capability") or ""),
@@ -64,10 +78,18 @@ class RigCompat:
             branch=str(values.get("nvidia_driver_branch") or ""),
             version=str(values.get("nvidia_driver_version") or ""),
             modules=str(values.get("nvidia_driver_kernel_modules") or ""),
-            image=image,
-            cuda=cuda_version_of_image(image),
+            runtime=runtime,
+            cuda=cuda_version_of_package(runtime),
             builds_cuda=builds is True or str(builds).lower() in ("true", "yes", "1"),
+            architectures=str(architectures),
         )
+
+    def objects(self) -> dict[str, list[str]] | None:
+        """What the image's binary carries (cuda_objects), or None when the architectures are not valid."""
+        try:
+            return cuda_objects(self.architectures)
+        except ValueError:
+            return None
 
 
 # The roles whose defaults the rules read when the inventory does not set them.
@@ -96,11 +118,22 @@ def compat_findings(values: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
             found.append(("nvidia_driver_branch", rig.branch, why))
         if why := _modules_problem(rig):
             found.append(("nvidia_driver_kernel_modules", rig.modules, why))
-        if rig.cuda is not None and rig.builds_cuda and (why := arch_problem(rig.cuda, rig.capability)):
-            found.append((IMAGE_BASE, rig.image, f"{rig.gpu_name}: {why}"))
-    if rig.cuda is not None and rig.builds_cuda and (why := driver_problem(rig.cuda, rig.branch, rig.version)):
+    if not rig.builds_cuda or rig.cuda is None:
+        return found
+    if rig.capability is not None and (why := arch_problem(rig.cuda, rig.capability)):
+        toolkit = (values.get(TOOLCHAIN_PACKAGES) or {}).get("nvidia-cuda-toolkit", shown_cuda(rig.cuda))
+        found.append((TOOLCHAIN_PACKAGES, f"nvidia-cuda-toolkit={toolkit}", f"{rig.gpu_name}: {why}"))
+    objects = rig.objects()
+    why = (
+        runs_on_gpu_problem(objects, rig.capability, rig.cuda, rig.branch, rig.version)
+        if (objects is not None and rig.capability is not None)
+        else None
+    )
+    if why:
+        found.append((ARCHITECTURES, rig.architectures, f"{rig.gpu_name}: {why}"))
+    if why := minor_compat_problem(rig.cuda, rig.branch, rig.version):
         variable = "nvidia_driver_version" if rig.version else "nvidia_driver_branch"
-        found.append((variable, rig.version or rig.branch, f"{why}: pin a newer driver, or an older CUDA base image"))
+        found.append((variable, rig.version or rig.branch, f"{why}: pin a newer driver"))
     return found
 
 
@@ -364,6 +397,99 @@ def archive_findings(host: str, values: Mapping[str, Any], lookup: Lookup, root:
     return _pin_rows(host, rig, packages, sources, lookup, root)[1]
 
 
+def image_archive_report(host: str, values: Mapping[str, Any], lookup: Lookup) -> ArchiveReport:
+    """The plan's `packages` rows for a GPU rig's CUDA image: each pinned toolchain and runtime package against the
+    suite the image is built from (the controller's cached indexes), and a refusal for a pin the archive dropped,
+    with the version it carries now."""
+    rig = RigCompat.of(values)
+    if values.get("rig_kind") != "gpu" or not rig.builds_cuda:
+        return ArchiveReport()
+    mirror = os.environ.get("RIGKIT_DEBIAN_MIRROR") or str(values.get("llamacpp_image_debian_mirror") or "")
+    suite = str(values.get("llamacpp_image_debian_suite") or "")
+    components = [str(name) for name in values.get("llamacpp_image_apt_components") or []]
+    indexes, errors = _indexes(lookup, [(mirror, suite, component) for component in components])
+    rows: list[str] = []
+    findings: list[Finding] = []
+    for variable in (TOOLCHAIN_PACKAGES, RUNTIME_PACKAGES):
+        pins = values.get(variable) if isinstance(values.get(variable), Mapping) else {}
+        for package, version in sorted(pins.items()):
+            carried = [(v, index.where) for index in indexes for v in index.versions(package)]
+            found = [where for v, where in carried if v == str(version)]
+            if found:
+                rows.append(f"{package} {version} ({found[0]}) -> ok")
+            elif errors:
+                rows.append(f"{package}={version}: not in what could be read: {'; '.join(errors)}")
+            else:
+                now = newest(v for v, _ in carried)
+                move = f"{suite} carries {now} now" if now else f"{suite} carries no {package} at all"
+                why = (
+                    f"Debian's archive no longer carries {package} {version} ({move}): set {package}: "
+                    f'"{now or "?"}" under {variable} in inventory/group_vars/gpu_rigs.yml, then make plan '
+                    f"host={host} and make image host={host} (docs: rebuilding an old image exactly)"
+                )
+                rows.append(f"{package}={version}: not in {suite} -> refused")
+                findings.append((variable, f"{package}={version}", why))
+    lines = [f"  packages  the image's pins in Debian {suite} ({', '.join(components)})"]
+    lines += [f"{_INDENT}{row}" for row in rows]
+    return ArchiveReport(tuple(lines), tuple(findings))
+
+
+_SASS_LINE_RE = re.compile(r"^sass: (?P<sass>[a-z0-9_ ]+?) \(cuobjdump")
+
+
+def built_code(host: str, root: Path = REPO) -> tuple[str, str] | None:
+    """(the compiled code cuobjdump found in the rig's image, where that was read) from the rig's CUDA image
+    receipt, else from an image of the rig's architectures in this machine's engine; None when neither has it."""
+    for item in proofs.PROOFS:
+        path = root / "reports" / "proofs" / f"{item.name}.json"
+        if not item.name.startswith("cuda-image-") or f"RIGKIT_CUDA_PROOF_RIG={host}" not in item.steps[-1].argv:
+            continue
+        try:
+            lines = json.loads(path.read_text()).get("decisive_lines", [])
+        except (OSError, ValueError):
+            continue
+        for line in lines:
+            if match := _SASS_LINE_RE.match(str(line)):
+                stale = "" if proofs.receipt_problem(item, root) is None else f", stale: make {item.make_target}"
+                return match["sass"], f"{path.relative_to(root)}{stale}"
+    return None
+
+
+def _engine_code(architectures: str) -> tuple[str, str] | None:
+    """The cuobjdump-checked code of an image built for ``architectures`` in this machine's Docker engine."""
+    import subprocess
+
+    try:
+        listed = subprocess.run(
+            ["docker", "image", "ls", "--filter", f"label=io.rigkit.cuda-architectures={architectures}",
+             "--format", "{{.Repository}}:{{.Tag}}"],
+            capture_output=True, text=True, timeout=20, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for image in listed.stdout.split():
+        label = subprocess.run(
+            ["docker", "image", "inspect", "--format", '{{index .Config.Labels "io.rigkit.cuda-sass"}}', image],
+            capture_output=True, text=True, timeout=20, check=False,
+        )  # fmt: skip
+        if label.returncode == 0 and label.stdout.strip():
+            return label.stdout.strip(), f"image {image}"
+    return None
+
+
+def _compile_row(host: str, rig: RigCompat, root: Path) -> str:
+    """The `compile` row: what the toolkit can compile for the GPU, the code asked, and what a build really holds."""
+    assert rig.capability is not None and rig.cuda is not None
+    objects = rig.objects()
+    asked = " ".join([*(objects or {}).get("sass", []), *(objects or {}).get("ptx", [])]) or "nothing"
+    problem = arch_problem(rig.cuda, rig.capability) or (
+        runs_on_gpu_problem(objects, rig.capability, rig.cuda, rig.branch, rig.version) if objects else None
+    )
+    built = built_code(host, root) or _engine_code(rig.architectures)
+    seen = f"built: {built[0]} ({built[1]})" if built else f"not built here yet (make image host={host})"
+    return f"{rig.architectures or '(none)'} -> {asked}; {seen} -> {_verdict(problem)}"
+
+
 def _verdict(problem: str | None) -> str:
     return f"refused: {problem}" if problem else "ok"
 
@@ -378,17 +504,16 @@ def plan_lines(
         return [f"{host}: a {values.get('rig_kind') or 'sandbox'} rig (CPU): no driver, CUDA or kernel module to plan"]
     shown_cc = f"{rig.capability[0]}.{rig.capability[1]}" if rig.capability else "unknown"
     lines = [f"{host}: {rig.gpu_name}, compute capability {shown_cc}"]
-    if rig.cuda is not None:
-        needed = min_driver(rig.cuda)
-        verdict = _verdict(driver_problem(rig.cuda, rig.branch, rig.version))
+    if rig.builds_cuda and rig.cuda is not None:
+        floor = MINOR_COMPAT_MIN_DRIVER.get(rig.cuda[0], "unknown")
         lines.append(
-            f"  image     CUDA {shown_cuda(rig.cuda)} runtime ({rig.image.split('@')[0]}): needs driver "
-            f"{needed or 'unknown'} or newer -> {verdict}"
+            f"  image     CUDA {shown_cuda(rig.cuda)} runtime (Debian's {CUDART} {rig.runtime}): its compiled code "
+            f"runs on driver {floor} or newer -> {_verdict(minor_compat_problem(rig.cuda, rig.branch, rig.version))}"
         )
         if rig.capability is not None:
-            lines.append(f"  compile   for {shown_cc}: {_verdict(arch_problem(rig.cuda, rig.capability))}")
+            lines.append(f"  compile   {_compile_row(host, rig, root)}")
     elif rig.builds_cuda:
-        lines.append(f"  image     {rig.image or '(no base image)'}: not an nvidia/cuda image, its CUDA is unknown")
+        lines.append(f"  image     {RUNTIME_PACKAGES} names no {CUDART}: the image's CUDA is unknown")
     pinned = rig.version or f"branch {rig.branch} (newest build)"
     lines.append(f"  driver    {pinned}, {rig.modules or 'default'} kernel modules")
     if rig.capability is not None:
@@ -402,6 +527,7 @@ def plan_lines(
         lines.append(
             f"  kernels   DKMS built {rig.version} for {', '.join(kernels['kernels'])} ({kernels['receipt']}){state}"
         )
+    lines.extend(support_lines(host, values))
     if archive is not None:
         lines.extend(archive.lines)
     return lines

@@ -134,6 +134,8 @@ class Report:
     def __init__(self, sources: Sources) -> None:
         self.sources = sources
         self.problems: list[str] = []
+        # Models not pinned yet (among problems): they stop a deploy, not an image build.
+        self.unpinned_problems: list[str] = []
         # False once a value itself is wrong: the memory preflight would read it. Missing pins leave it True.
         self.values_sound = True
 
@@ -152,6 +154,7 @@ class Report:
     def unpinned(self, text: str) -> None:
         """Models not pinned yet: a problem, but every value is sound, so the memory preflight can still run."""
         self.problems.append(text)
+        self.unpinned_problems.append(text)
 
 
 def _plain_copy(value: Any) -> Any:

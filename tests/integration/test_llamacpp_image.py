@@ -89,6 +89,17 @@ def test_labels_record_every_input(rig_image):
     assert labels["io.rigkit.ggml-cuda"] == "OFF"
     assert labels["io.rigkit.build-base-image"].startswith("rigkit/debian:bookworm-")
     assert labels["io.rigkit.runtime-base-image"] == labels["io.rigkit.build-base-image"]
+    # the CPU path: the distribution's own compilers, no CUDA code for cuobjdump to check
+    assert labels["io.rigkit.toolchain-packages"] == "gcc g++ cmake" and labels["io.rigkit.apt-components"] == "main"
+    assert labels["io.rigkit.cuda-sass"] == labels["io.rigkit.cuda-ptx"] == labels["io.rigkit.runtime-packages"] == ""
+
+
+def test_the_image_keeps_the_package_versions_it_was_built_with(rig_image):
+    shown = run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "cat", rig_image,
+                 "/app/PACKAGES.build", "/app/PACKAGES.runtime"])  # fmt: skip
+    assert shown.returncode == 0, shown.output
+    names = {line.split("=", 1)[0] for line in shown.output.split()}
+    assert {"g++", "cmake", "libssl-dev", "libgomp1", "openssl"} <= names, sorted(names)
 
 
 def test_shipped_image_has_the_same_id_in_the_rig(rig_image):
@@ -119,10 +130,15 @@ def test_production_build_for_each_gpu_rig():
     shown = render("desktop3050", "laptop1650ti")
     for host, arch in (("desktop3050", "86"), ("laptop1650ti", "75")):
         args = shown[host]["build_args"]
-        assert args["GGML_CUDA"] == "ON" and args["CUDA_ARCHITECTURES"] == arch
+        assert args["GGML_CUDA"] == "ON" and args["CUDA_ARCHITECTURES"] == f"{arch}-real"
+        assert args["CUDA_SASS"] == f"sm_{arch}" and args["CUDA_PTX"] == ""
         assert args["LLAMACPP_COMMIT"] == COMMIT and args["LLAMACPP_BUILD_NUMBER"] == LLAMACPP_BUILD_NUMBER
-        assert args["BUILD_BASE_IMAGE"].startswith("nvidia/cuda:12.2.2-devel-ubuntu22.04@sha256:")
-        assert args["RUNTIME_BASE_IMAGE"].startswith("nvidia/cuda:12.2.2-runtime-ubuntu22.04@sha256:")
+        # The kit's own Debian trixie base, Debian's CUDA 12.4 toolchain and runtime at exact versions.
+        assert args["BUILD_BASE_IMAGE"] == args["RUNTIME_BASE_IMAGE"]
+        assert re.fullmatch(r"rigkit/debian:trixie-[0-9a-f]{12}", args["BUILD_BASE_IMAGE"]), args
+        assert args["APT_COMPONENTS"] == "main contrib non-free" and args["GCC_VERSION"] == "13"
+        assert "nvidia-cuda-toolkit=12.4.131~12.4.1-2" in args["TOOLCHAIN_PACKAGES"].split()
+        assert "libcudart12=12.4.127~12.4.1-2" in args["RUNTIME_PACKAGES"].split()
         assert args["LLAMACPP_SOURCE_SUBDIR"] == f"llama.cpp-{COMMIT}"
         assert shown[host]["source"] == "git" and shown[host]["git_url"] == "https://github.com/ggml-org/llama.cpp.git"
         assert shown[host]["build_host"] == host
@@ -131,6 +147,30 @@ def test_production_build_for_each_gpu_rig():
     # One image for both GPUs is one variable away.
     both = render("desktop3050", extra={"llamacpp_image_cuda_architectures": "75-real;86-real"})["desktop3050"]
     assert "-cuda-sm75-86-" in both["tag"] and both["build_args"]["CUDA_ARCHITECTURES"] == "75-real;86-real"
+    assert both["build_args"]["CUDA_SASS"] == "sm_75 sm_86"
+
+
+def test_a_missing_base_image_the_kit_does_not_make_is_refused_before_any_build(tmp_path):
+    missing = "rigkit/debian:absent-0000"
+    result = run(
+        ["ansible-playbook", "playbooks/image.yml", "--limit", "sandbox", "-e",
+         json.dumps({"llamacpp_image_build_base": missing, "llamacpp_image_runtime_base": missing})],
+        RIGKIT_CACHE_DIR=str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert result.returncode != 0, result.tail()
+    assert f"{missing} is not in the Docker engine of localhost and is not the kit's own base" in result.output
+    assert "Build llama-server" not in result.output
+
+
+def test_the_gpu_rigs_build_on_the_kits_own_debian_base():
+    """The base's name is the harness's recipe rule for trixie (debootstrap minbase, suite, mirror): the role makes it
+    on the build host when the engine lacks it."""
+    import hashlib
+
+    defaults = role_defaults("llamacpp_image")
+    recipe = "|".join(["minbase", defaults["llamacpp_image_debian_suite"], defaults["llamacpp_image_debian_mirror"]])
+    expected = f"rigkit/debian:trixie-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+    assert render("desktop3050")["desktop3050"]["build_args"]["BUILD_BASE_IMAGE"] == expected
 
 
 def test_unsupported_architecture_string_is_refused():

@@ -1,21 +1,23 @@
 """The CUDA image proofs (make proof-cuda-image-sm75 / -sm86; too long for every test run on 2 cores).
 
-docker/Dockerfile's CUDA path, compiled for real: on the stand-in CUDA bases built from NVIDIA's PyPI wheels
-(rigkit/cuda_standin.py), with the build arguments the llamacpp_image role renders for the GTX 1650 Ti rig (sm 75)
-or, with RIGKIT_CUDA_PROOF_RIG=desktop3050, the RTX 3050 (sm 86): GGML_CUDA=ON and the production flags, from the
-sandbox's verified llama.cpp source. Then the runtime image's
-``ldd`` must be complete but for the driver's libcuda.so.1, and the binary, started with Debian's libcuda1 at the
-Debian 12 pin and no GPU, under the server's own container flags, must start, say why CUDA is unavailable, serve
+The production image a GPU rig builds, compiled for real: `playbooks/image.yml` (what `make image host=RIG` runs)
+for the GTX 1650 Ti rig (sm 75) or, with RIGKIT_CUDA_PROOF_RIG=desktop3050, the RTX 3050 (sm 86), built on the
+controller from the role's own inputs: the kit's Debian trixie base, Debian's CUDA 12.4 toolchain and runtime at the
+pinned versions. One input differs from a rig's build, because GitHub is out of reach here: the source is the
+sandbox's verified llama-cpp-python sdist, whose vendor/llama.cpp is the pinned commit's tree.
+
+Then: the image's compiled code is exactly the SASS asked (its labels and cuobjdump's listing), the runtime image's
+``ldd`` is complete but for the driver's libcuda.so.1, the pinned packages are what the image holds, and the binary,
+given the Debian 12 rigs' libcuda.so.1 (535.309.01) as the NVIDIA container toolkit mounts it and run without a GPU
+under the server's own container flags, must say that no CUDA device exists (not a driver/runtime mismatch), serve
 the tiny MTP pair on the CPU (drafting), and be refused by the rollout's offload check. Writes
-reports/cuda/cuda-image-smNN.json and .txt (the decisive lines the receipt reads back) and the whole server log.
+reports/cuda/cuda-image-smNN.json and .txt (the decisive lines the receipt reads back) and the server's log.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -27,19 +29,17 @@ import rigkit  # noqa: F401  (first: it makes module_utils/ importable as ansibl
 
 # isort: split
 from ansible.module_utils import gpu_offload
+from ansible.module_utils.cuda_compat import cuda_objects
 from ansible.module_utils.nvidia_compat import DRIVER_PINS
 
-from rigkit.cli.cuda_standin import harness_base_image
-from rigkit.cuda_standin import StandinImages, build_images
 from rigkit.sandbox.tiny_gemma4 import write_pair
-from tests.support import CACHE_DIR, REPO, group_vars, image_inputs, role_defaults, run
+from tests.support import REPO, group_vars, image_inputs, role_defaults, run
 
-# The rig whose build arguments the proof renders (make proof-cuda-image-sm75 / -sm86 set it), and its architecture.
+# The rig whose image the proof builds (make proof-cuda-image-sm75 / -sm86 set it), and its architecture.
 ARCHITECTURES = {"laptop1650ti": "75", "desktop3050": "86"}
 RIG = os.environ.get("RIGKIT_CUDA_PROOF_RIG", "laptop1650ti")
 ARCH = ARCHITECTURES[RIG]
-ALIAS = f"rigkit/llama-server:cuda-standin-sm{ARCH}"  # the name the receipt's readback reads
-PROBE = f"{ALIAS}-libcuda1"
+PROBE = f"rigkit/llama-server:proof-sm{ARCH}-libcuda"
 REPORTS = REPO / "reports" / "cuda"
 REPORT = REPORTS / f"cuda-image-sm{ARCH}.json"
 SERVER_LOG = REPORTS / f"cuda-image-sm{ARCH}-no-device.log"
@@ -47,129 +47,147 @@ SANDBOX = group_vars("sandbox_rigs")
 DEBIAN_12 = DRIVER_PINS[("debian", "12")]
 PORT = 18391
 FINDINGS: dict[str, object] = {}
-# The legacy builder, as the llamacpp_image role builds (no BuildKit frontend image to pull).
-LEGACY_BUILDER = {**os.environ, "DOCKER_BUILDKIT": "0"}
+# Built on the controller from the sandbox's source (the pinned commit's tree): GitHub is unreachable here.
+EXTRA = {
+    "llamacpp_image_build_on": "controller",
+    **{
+        name: SANDBOX[name]
+        for name in (
+            "llamacpp_image_source",
+            "llamacpp_image_source_url",
+            "llamacpp_image_source_sha256",
+            "llamacpp_image_source_subdir",
+        )
+    },
+}
 
 
 def docker(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *argv], capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def _labels(image: str) -> dict[str, str]:
+    return json.loads(docker("image", "inspect", "--format", "{{json .Config.Labels}}", image).stdout)
+
+
+def _app_file(image: str, name: str) -> str:
+    shown = docker("run", "--rm", "--network", "none", "--entrypoint", "cat", image, f"/app/{name}")
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout
+
+
 @pytest.fixture(scope="module")
-def standin() -> StandinImages:
+def cuda_image() -> str:
+    """`make image host=RIG`'s playbook, the rig's own inputs built on the controller: the image's tag."""
     harness = run(["ansible-playbook", "playbooks/harness.yml"], log_name="proof-cuda-harness")
     assert harness.returncode == 0, harness.tail()
-    images = build_images(harness_base_image())
-    FINDINGS["standin"] = json.loads(images.as_json())
-    return images
-
-
-def _source_tarball() -> Path:
-    """The sandbox's llama.cpp source (the llama-cpp-python sdist), verified against its pin."""
-    url, sha256 = SANDBOX["llamacpp_image_source_url"], SANDBOX["llamacpp_image_source_sha256"]
-    path = CACHE_DIR / "llamacpp" / url.rsplit("/", 1)[1]
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with urllib.request.urlopen(url, timeout=120) as response, path.open("wb") as out:
-            shutil.copyfileobj(response, out)
-    actual = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert actual == sha256, f"{path}: sha256 {actual}, pinned {sha256}"
-    return path
-
-
-@pytest.fixture(scope="module")
-def cuda_image(standin: StandinImages, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The role's build for the 1650 Ti rig, on the stand-ins and the sandbox's source: its tag, aliased."""
-    extra = {
-        "llamacpp_image_build_base": standin.devel,
-        "llamacpp_image_runtime_base": standin.runtime,
-        **{
-            name: SANDBOX[name]
-            for name in (
-                "llamacpp_image_source",
-                "llamacpp_image_source_url",
-                "llamacpp_image_source_sha256",
-                "llamacpp_image_source_subdir",
-            )
-        },
-    }
-    rendered = image_inputs(RIG, extra=extra)[RIG]
-    args = {**rendered["build_args"], "LLAMACPP_SOURCE_SHA256": SANDBOX["llamacpp_image_source_sha256"]}
-    assert args["GGML_CUDA"] == "ON" and args["CUDA_ARCHITECTURES"] == ARCH, args
-    context = tmp_path_factory.mktemp("cuda-context")
-    shutil.copy2(REPO / "docker" / "Dockerfile", context / "Dockerfile")
-    shutil.copy2(_source_tarball(), context / "llamacpp-src.tar.gz")
-    argv = ["build", "--network", "host", "--tag", rendered["tag"]]
-    argv += [f"--build-arg={key}={value}" for key, value in sorted(args.items())] + [str(context)]
+    rendered = image_inputs(RIG, extra=EXTRA)[RIG]
+    args = rendered["build_args"]
+    assert args["GGML_CUDA"] == "ON" and args["CUDA_ARCHITECTURES"] == f"{ARCH}-real", args
+    assert args["BUILD_BASE_IMAGE"] == args["RUNTIME_BASE_IMAGE"], args
+    assert args["BUILD_BASE_IMAGE"].startswith("rigkit/debian:trixie-"), args
     started = time.monotonic()
-    built = subprocess.run(
-        ["docker", *argv], capture_output=True, text=True, timeout=4 * 3600, check=False, env=LEGACY_BUILDER,
-    )  # fmt: skip
+    built = run(
+        ["ansible-playbook", "playbooks/image.yml", "--limit", RIG, "-e", json.dumps(EXTRA)],
+        log_name=f"proof-cuda-image-sm{ARCH}",
+        timeout=4 * 3600,
+    )
     REPORTS.mkdir(parents=True, exist_ok=True)
-    (REPORTS / f"cuda-image-sm{ARCH}-build.log").write_text(built.stdout + built.stderr)
-    assert built.returncode == 0, (built.stdout + built.stderr)[-4000:]
-    assert docker("tag", rendered["tag"], ALIAS).returncode == 0
-    sizes = {
-        name: int(docker("image", "inspect", "--format", "{{.Size}}", image).stdout.strip())
-        for name, image in (("devel", standin.devel), ("runtime", standin.runtime), ("image", ALIAS))
-    }
+    (REPORTS / f"cuda-image-sm{ARCH}-build.log").write_text(built.output[-200_000:])
+    assert built.returncode == 0, built.tail()
+    tag = rendered["tag"]
     FINDINGS["build"] = {
-        "tag": rendered["tag"],
+        "tag": tag,
         "build_args": args,
-        "wall_s": round(time.monotonic() - started, 1),
-        "created": docker("image", "inspect", "--format", "{{.Created}}", rendered["tag"]).stdout.strip(),
-        "sizes_mib": {name: round(size / 2**20) for name, size in sizes.items()},
+        "playbook_wall_s": round(time.monotonic() - started, 1),
+        "created": docker("image", "inspect", "--format", "{{.Created}}", tag).stdout.strip(),
+        "size_mib": round(int(docker("image", "inspect", "--format", "{{.Size}}", tag).stdout.strip()) / 2**20),
+        "base": args["BUILD_BASE_IMAGE"],
     }
-    return rendered["tag"]
+    return tag
+
+
+def test_the_image_carries_compiled_code_for_exactly_the_rigs_gpu(cuda_image: str) -> None:
+    labels = _labels(cuda_image)
+    wanted = cuda_objects(f"{ARCH}-real")
+    assert labels["io.rigkit.cuda-sass"] == " ".join(wanted["sass"]) == f"sm_{ARCH}", labels
+    assert labels["io.rigkit.cuda-ptx"] == "", labels
+    listing = [line.strip() for line in _app_file(cuda_image, "CUDA_OBJECTS").splitlines() if line.strip()]
+    elves = [line for line in listing if line.startswith("ELF file")]
+    assert elves and all(line.endswith(f".sm_{ARCH}.cubin") for line in elves), listing
+    assert not [line for line in listing if line.startswith("PTX file")], listing
+    FINDINGS["cuobjdump"] = {
+        "elf_files": len(elves),
+        "architectures": sorted({line.rsplit(".", 2)[1] for line in elves}),
+    }
+
+
+def test_the_pinned_packages_are_what_the_image_holds(cuda_image: str) -> None:
+    defaults = role_defaults("llamacpp_image")
+    runtime = dict(line.split("=", 1) for line in _app_file(cuda_image, "PACKAGES.runtime").split())
+    build = dict(line.split("=", 1) for line in _app_file(cuda_image, "PACKAGES.build").split())
+    for name, version in defaults["llamacpp_image_cuda_runtime_packages"].items():
+        assert runtime.get(name) == version, (name, runtime.get(name))
+    for name, version in defaults["llamacpp_image_cuda_toolchain_packages"].items():
+        assert build.get(name) == version, (name, build.get(name))
+    assert "nvidia-cuda-toolkit" not in runtime and "nvidia-cuda-dev" not in runtime, sorted(runtime)
+    FINDINGS["packages"] = {
+        "toolchain": {name: build[name] for name in defaults["llamacpp_image_cuda_toolchain_packages"]},
+        "runtime": {name: runtime[name] for name in defaults["llamacpp_image_cuda_runtime_packages"]},
+        "runtime_count": len(runtime),
+    }
 
 
 def test_the_runtime_images_ldd_is_complete_but_for_the_drivers_libcuda(cuda_image: str) -> None:
-    ldd = docker("run", "--rm", "--network", "host", "--entrypoint", "ldd", cuda_image, "/app/llama-server")
+    ldd = docker("run", "--rm", "--network", "none", "--entrypoint", "ldd", cuda_image, "/app/llama-server")
     assert ldd.returncode == 0, ldd.stderr
     lines = [line.strip() for line in ldd.stdout.splitlines() if line.strip()]
     missing = [line for line in lines if "not found" in line]
     assert [line.split()[0] for line in missing] == ["libcuda.so.1"], lines
-    for library in ("libcublas.so.13", "libcublasLt.so.13", "libssl.so.3"):
+    for library in ("libcudart.so.12", "libcublas.so.12", "libcublasLt.so.12", "libssl.so.3"):
         assert any(line.startswith(library + " => /") for line in lines), (library, lines)
     FINDINGS["ldd"] = lines
 
 
 @pytest.fixture(scope="module")
 def probe_image(cuda_image: str) -> str:
-    """The CUDA image plus Debian's libcuda1 at the Debian 12 pin (what the toolkit would mount from the host)."""
-    defaults = role_defaults("nvidia_driver")
-    mirror, security = defaults["nvidia_driver_debian_mirror"], defaults["nvidia_driver_debian_security_mirror"]
-    source = "Types: deb\\nURIs: {}\\nSuites: {}\\nComponents: main contrib non-free non-free-firmware\\n"
-    source += "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n"
-    sources = source.format(mirror, "bookworm bookworm-updates") + "\\n" + source.format(security, "bookworm-security")
+    """The CUDA image plus the Debian 12 rigs' libcuda.so.1 (libcuda1 at the pin, from bookworm-security), laid where
+    the NVIDIA container toolkit mounts the host driver's library: nothing else of the driver is installed."""
+    security = role_defaults("nvidia_driver")["nvidia_driver_debian_security_mirror"]
+    library = f"libcuda.so.{DEBIAN_12.version}"
     recipe = f"""FROM {cuda_image}
 USER root
 RUN set -eu; \\
-    printf '{sources}' > /etc/apt/sources.list.d/nvidia-driver.sources; \\
-    printf 'Package: *\\nPin: version {DEBIAN_12.version}-*\\nPin-Priority: 1001\\n' > /etc/apt/preferences.d/nvidia-driver; \\
+    printf 'Types: deb\\nURIs: {security}\\nSuites: bookworm-security\\nComponents: non-free\\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n' > /etc/apt/sources.list.d/driver.sources; \\
     apt-get update; \\
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libcuda1; \\
-    rm -rf /var/lib/apt/lists/*; \\
-    dpkg-query -W -f '${{Package}} ${{Version}}\\n' libcuda1
+    cd /tmp; apt-get download libcuda1={DEBIAN_12.version}-0+deb12u1; \\
+    dpkg-deb -x libcuda1_*.deb /tmp/libcuda1; \\
+    cp /tmp/libcuda1/usr/lib/x86_64-linux-gnu/nvidia/current/{library} /usr/lib/x86_64-linux-gnu/{library}; \\
+    ln -s {library} /usr/lib/x86_64-linux-gnu/libcuda.so.1; \\
+    ldconfig; \\
+    rm -rf /tmp/libcuda1 /tmp/libcuda1_*.deb /etc/apt/sources.list.d/driver.sources /var/lib/apt/lists/*
 USER 10001:10001
 """  # noqa: E501
     built = subprocess.run(
         ["docker", "build", "--network", "host", "--tag", PROBE, "-"], input=recipe, capture_output=True, text=True,
-        timeout=1800, check=False, env=LEGACY_BUILDER,
+        timeout=1800, check=False, env={**os.environ, "DOCKER_BUILDKIT": "0"},
     )  # fmt: skip
     assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
-    version = docker("run", "--rm", "--entrypoint", "dpkg-query", PROBE, "-W", "-f", "${Version}", "libcuda1")
-    assert version.stdout.startswith(DEBIAN_12.version + "-"), version.stdout
-    FINDINGS["libcuda1"] = version.stdout.strip()
+    ldd = docker("run", "--rm", "--network", "none", "--entrypoint", "ldd", PROBE, "/app/llama-server")
+    assert "libcuda.so.1 => /usr/lib/x86_64-linux-gnu/libcuda.so.1" in ldd.stdout, ldd.stdout
+    FINDINGS["libcuda1"] = (
+        f"{DEBIAN_12.version} ({library}, from bookworm-security's libcuda1 as the toolkit mounts it)"
+    )
     return PROBE
 
 
 def test_the_image_lists_no_cuda_device_without_a_gpu(probe_image: str) -> None:
-    listed = docker("run", "--rm", "--network", "host", "--read-only", "--cap-drop", "ALL", probe_image,
+    listed = docker("run", "--rm", "--network", "none", "--read-only", "--cap-drop", "ALL", probe_image,
                     "--list-devices")  # fmt: skip
     text = listed.stdout + listed.stderr
     assert "CUDA0" not in text, text
-    assert "ggml_cuda_init: failed to initialize CUDA" in text, text
+    assert f"ggml_cuda_init: failed to initialize CUDA: {gpu_offload.NO_DEVICE_ERROR}" in text, text
+    assert "insufficient" not in text, text
     FINDINGS["list_devices"] = [line for line in text.splitlines() if line.strip()]
 
 
@@ -224,7 +242,7 @@ def test_without_a_device_it_serves_the_mtp_pair_on_the_cpu_and_the_offload_chec
     SERVER_LOG.write_text(log)
     assert timings.get("draft_n", 0) > 0, timings
     verdict = gpu_offload.check(log, drafter=True, gpu_layers="all", gpu_layers_draft="all")
-    assert not verdict.on_gpu and verdict.cause in (gpu_offload.CUDA_INIT, gpu_offload.NO_DEVICE), verdict.message
+    assert not verdict.on_gpu and verdict.cause == gpu_offload.NO_DEVICE, verdict.message
     acceptance = [line.strip() for line in log.splitlines() if "draft acceptance" in line]
     assert acceptance, log[-3000:]
     FINDINGS["no_device"] = {
@@ -238,11 +256,16 @@ def test_without_a_device_it_serves_the_mtp_pair_on_the_cpu_and_the_offload_chec
 
 def test_write_the_report() -> None:
     """Last: the findings of the tests above, and the decisive lines the proof's receipt reads back."""
-    assert {"build", "ldd", "libcuda1", "list_devices", "no_device"} <= FINDINGS.keys(), sorted(FINDINGS)
-    no_device = FINDINGS["no_device"]
-    assert isinstance(no_device, dict)
+    assert {"build", "cuobjdump", "packages", "ldd", "libcuda1", "list_devices", "no_device"} <= FINDINGS.keys(), (
+        sorted(FINDINGS)
+    )
+    build, no_device, packages = FINDINGS["build"], FINDINGS["no_device"], FINDINGS["packages"]
+    assert isinstance(build, dict) and isinstance(no_device, dict) and isinstance(packages, dict)
+    pinned = {**packages["toolchain"], **packages["runtime"]}
     decisive = [
-        f"build: {FINDINGS['build']['tag']} sm{ARCH} GGML_CUDA=ON on {FINDINGS['standin']['devel']}",  # type: ignore[index]
+        f"build: {build['tag']} sm{ARCH} GGML_CUDA=ON on {build['base']}, {build['size_mib']} MiB",
+        f"sass: {' '.join(FINDINGS['cuobjdump']['architectures'])} (cuobjdump, no PTX)",  # type: ignore[index]
+        *(f"package: {name}={version}" for name, version in sorted(pinned.items())),
         *(f"ldd: {line}" for line in FINDINGS["ldd"] if "libcu" in line),  # type: ignore[union-attr]
         f"libcuda1: {FINDINGS['libcuda1']}",
         *(f"cuda: {line}" for line in no_device["cuda_lines"]),

@@ -93,17 +93,20 @@ def test_changing_a_pinned_input_makes_the_receipt_stale_and_names_the_target(tm
     assert "make proof-nvidia-driver-dkms-debian12" in problem
 
 
-def test_the_cuda_image_receipt_follows_the_wheel_pins_the_dockerfile_and_the_role(tmp_path):
+def test_the_cuda_image_receipt_follows_the_package_pins_the_dockerfile_and_the_role(tmp_path):
     files = proofs.input_files(CUDA_IMAGE)
-    assert {"docker/Dockerfile", "docker/cuda-standin/wheels.json", "docker/cuda-standin/Dockerfile"} <= set(files)
+    assert {"docker/Dockerfile", "playbooks/image.yml", "filter_plugins/llamacpp_image.py"} <= set(files)
+    assert "module_utils/cuda_compat.py" in files and "inventory/group_vars/gpu_rigs.yml" in files
     assert "roles/llamacpp_image/defaults/main.yml" in files and "tests/proofs/test_cuda_image.py" in files
     copy_proof_inputs(CUDA_IMAGE, tmp_path)
     write_receipt(CUDA_IMAGE, tmp_path)
     assert proofs.receipt_problem(CUDA_IMAGE, tmp_path) is None
-    pins = tmp_path / "docker/cuda-standin/wheels.json"
-    pins.write_text(pins.read_text().replace('"13.0.88"', '"13.0.89"', 1))
+    defaults = tmp_path / "roles/llamacpp_image/defaults/main.yml"
+    defaults.write_text(
+        defaults.read_text().replace("libcudart12: 12.4.127~12.4.1-2", "libcudart12: 12.4.127~12.4.1-3")
+    )
     problem = proofs.receipt_problem(CUDA_IMAGE, tmp_path)
-    assert problem and "docker/cuda-standin/wheels.json" in problem and "make proof-cuda-image-sm75" in problem
+    assert problem and "roles/llamacpp_image/defaults/main.yml" in problem and "make proof-cuda-image-sm75" in problem
 
 
 def test_a_change_to_shared_code_the_role_imports_makes_the_receipt_stale(tmp_path):
@@ -155,3 +158,51 @@ def test_proof_scenarios_are_left_out_of_make_tests_molecule_runs():
     # the scenarios that install no GPU package stay in make test
     for role in ("docker", "models", "llama_server", "nvidia_container_toolkit"):
         assert (role, "default") in scenarios
+
+
+def _toy(steps: tuple[tuple[str, ...], ...], readback: tuple[str, ...], decisive_min: int = 2) -> proofs.Proof:
+    """A proof of real commands whose only input is rigkit/proofs.py."""
+    return proofs.Proof(
+        name="toy",
+        summary="a toy proof",
+        steps=tuple(proofs.Step(argv) for argv in steps),
+        readback=proofs.Step(readback),
+        decisive=r"^ok: ",
+        decisive_min=decisive_min,
+        inputs=("rigkit/proofs.py",),
+        roles=(),
+    )
+
+
+@pytest.fixture
+def receipts_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(proofs, "RECEIPTS", tmp_path / "receipts")
+    return tmp_path
+
+
+def test_run_proof_writes_passed_only_when_every_step_passed_and_the_lines_are_read_back(receipts_dir):
+    item = _toy((("true",),), ("printf", "ok: one\\nnoise\\nok: two\\n"))
+    receipt = proofs.run_proof(item, receipts_dir / "logs")
+    assert receipt["result"] == "passed" and receipt["decisive_lines"] == ["ok: one", "ok: two"]
+    assert json.loads(item.receipt.read_text())["result"] == "passed"
+    assert "ok: two" in (receipts_dir / "logs" / "proof-toy.log").read_text()
+
+
+def test_run_proof_records_a_failing_step_and_never_reads_back(receipts_dir):
+    item = _toy((("true",), ("false",), ("true",)), ("printf", "ok: one\\nok: two\\n"))
+    receipt = proofs.run_proof(item, receipts_dir / "logs")
+    assert receipt["result"] == "failed" and receipt["failed_step"] == "false"
+    assert receipt["decisive_lines"] == []
+
+
+@pytest.mark.parametrize(
+    "readback",
+    [
+        ("printf", "nothing the pattern knows\\n"),  # the pattern matches nothing
+        ("printf", "ok: only one\\n"),  # fewer decisive lines than the minimum
+        ("sh", "-c", "echo 'ok: one'; echo 'ok: two'; exit 3"),  # the readback itself failed
+    ],
+)
+def test_run_proof_fails_a_readback_that_does_not_prove_the_claim(receipts_dir, readback):
+    receipt = proofs.run_proof(_toy((("true",),), readback), receipts_dir / "logs")
+    assert receipt["result"] == "failed" and receipt["failed_step"] == " ".join(readback)

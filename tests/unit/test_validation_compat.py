@@ -12,48 +12,79 @@ from ansible.module_utils.cuda_compat import (
     CUDA_MIN_DRIVER,
     arch_problem,
     branch_problem,
-    cuda_version_of_image,
-    driver_problem,
+    cuda_objects,
+    cuda_version_of_package,
+    default_architectures,
     flavour_problem,
+    minor_compat_problem,
+    runs_on_gpu_problem,
 )
 
 from rigkit import REPO, proofs
 from rigkit.validation.compat import ROLES, compat_findings, known_good_kernels, plan_lines
 from rigkit.validation.rules import role_defaults
-from tests.fixtures.debian_archive import StandInArchive, publish_bookworm
+from tests.fixtures.debian_archive import StandInArchive, publish_bookworm, publish_trixie_cuda
 from tests.support import copy_proof_inputs, run, seed_values
 
-CUDA_1222 = (12, 2, 2)
+CUDA_1241 = (12, 4, 1)
 
 
-def test_the_image_cuda_is_read_from_the_pinned_base_image():
-    base = role_defaults(*ROLES)["llamacpp_image_runtime_base"]
-    assert cuda_version_of_image(base) == CUDA_1222
-    assert cuda_version_of_image("nvidia/cuda:12.8-runtime-ubuntu24.04") == (12, 8, 0)
-    assert cuda_version_of_image("rigkit/debian:bookworm-0123") is None
+def test_the_image_cuda_is_read_from_the_pinned_runtime_package():
+    runtime = role_defaults(*ROLES)["llamacpp_image_cuda_runtime_packages"]
+    assert cuda_version_of_package(runtime["libcudart12"]) == CUDA_1241
+    assert cuda_version_of_package("12.4.5.8~12.4.1-2") == CUDA_1241
+    assert cuda_version_of_package("12.4.127") is None
 
 
 @pytest.mark.parametrize(
-    ("branch", "version", "refused"),
+    ("architectures", "sass", "ptx"),
     [
-        ("535", "535.309.01", False),  # Debian 12's pin
-        ("550", "550.163.01", False),  # Debian 13's pin
-        ("580", "", False),  # Ubuntu's branch pin: its newest build
-        ("535", "535.104.05", False),  # exactly 12.2 Update 2's minimum
-        ("535", "535.86.10", True),  # 12.2 Update 1's driver: older than 12.2.2 needs
-        ("525", "525.147.05", True),
-        ("530", "", True),  # a branch older than the one CUDA 12.2 needs
+        ("86-real", ["sm_86"], []),
+        ("75-real;86-real", ["sm_75", "sm_86"], []),
+        ("86", ["sm_86"], ["compute_86"]),
+        ("86-virtual", [], ["compute_86"]),
+        ("90a-real", ["sm_90a"], []),
     ],
 )
-def test_the_driver_must_be_new_enough_for_the_images_cuda(branch, version, refused):
-    problem = driver_problem(CUDA_1222, branch, version)
-    assert bool(problem) is refused, problem
-    if refused:
-        assert "needs driver 535.104.05 or newer" in problem
+def test_the_architectures_name_the_code_cuobjdump_must_find(architectures, sass, ptx):
+    assert cuda_objects(architectures) == {"sass": sass, "ptx": ptx}
+    assert default_architectures("8.6") == "86-real" and default_architectures("") == ""
 
 
-def test_a_cuda_release_the_table_does_not_know_says_where_to_add_it():
-    assert "CUDA_MIN_DRIVER" in driver_problem((12, 7, 0), "580", "580.95.05")
+def test_an_architecture_that_is_not_one_is_refused():
+    with pytest.raises(ValueError, match="'native' is not a CUDA architecture"):
+        cuda_objects("native")
+
+
+@pytest.mark.parametrize(
+    ("architectures", "capability", "version", "problem"),
+    [
+        ("86-real", (8, 6), "535.309.01", None),  # SASS: minor-version compatibility, any 12.x driver
+        ("80-real", (8, 6), "535.309.01", None),  # Ampere's sm_80 code runs on 8.6 (same major, lower minor)
+        ("75-real;86-real", (7, 5), "535.309.01", None),
+        ("86-real", (7, 5), "550.163.01", "compiled code for sm_86 and no PTX a compute capability 7.5 GPU can use"),
+        ("86-real", (9, 0), "580.95.05", "add 90-real to llamacpp_image_cuda_architectures"),
+        ("75-virtual", (8, 6), "535.309.01", "PTX from CUDA 12.4.1 needs driver 550.54.15 or newer"),
+        ("75-virtual", (8, 6), "550.163.01", None),  # 550 knows CUDA 12.4: it JITs the PTX
+        ("86", (9, 0), "535.309.01", "would run the image's PTX (compute_86) only"),
+    ],
+)
+def test_a_gpu_runs_the_image_through_its_own_sass_or_ptx_its_driver_can_jit(
+    architectures, capability, version, problem
+):
+    found = runs_on_gpu_problem(cuda_objects(architectures), capability, CUDA_1241, version.split(".")[0], version)
+    assert found == problem if problem is None else problem in found
+
+
+def test_compiled_code_runs_on_any_driver_of_minor_version_compatibility():
+    assert minor_compat_problem(CUDA_1241, "535", "535.309.01") is None
+    assert minor_compat_problem(CUDA_1241, "525", "525.60.13") is None
+    assert "runs on driver 525.60.13 or newer" in minor_compat_problem(CUDA_1241, "520", "520.61.05")
+    assert "runs on driver 580.65.06 or newer" in minor_compat_problem((13, 0, 2), "550", "")
+
+
+def test_ptx_of_a_cuda_release_the_table_does_not_know_says_where_to_add_it():
+    assert "CUDA_MIN_DRIVER" in runs_on_gpu_problem(cuda_objects("86-virtual"), (8, 6), (12, 7, 0), "580", "580.95.05")
     assert all(version.count(".") >= 1 for version in CUDA_MIN_DRIVER.values())
 
 
@@ -63,22 +94,14 @@ def test_a_cuda_release_the_table_does_not_know_says_where_to_add_it():
         ((7, 5), None),
         ((8, 6), None),
         ((9, 0), None),
-        ((12, 0), "compiles for compute capability 9.0 at most, not 12.0: use a CUDA 12.8 base image or newer"),
+        ((12, 0), "compiles for compute capability 9.0 at most, not 12.0: use a CUDA 12.8 toolchain or newer"),
         ((3, 7), "no longer compiles for compute capability 3.7"),
     ],
 )
 def test_the_images_cuda_must_compile_for_the_gpu(capability, problem):
-    found = arch_problem(CUDA_1222, capability)
+    found = arch_problem(CUDA_1241, capability)
     assert found == problem if problem is None else problem in found
     assert arch_problem((12, 8, 1), (12, 0)) is None
-
-
-def test_cuda_13_the_stand_in_bases_release_needs_branch_580_and_turing_or_newer():
-    """docker/cuda-standin builds CUDA 13.0.2: the seed rigs' 535 cannot run it, and it compiles for 7.5 and up."""
-    assert "needs driver 580.95.05 or newer" in driver_problem((13, 0, 2), "535", "535.309.01")
-    assert driver_problem((13, 0, 2), "580", "580.95.05") is None
-    assert arch_problem((13, 0, 2), (7, 5)) is None and arch_problem((13, 0, 2), (8, 6)) is None
-    assert "no longer compiles for compute capability 7.0" in arch_problem((13, 0, 2), (7, 0))
 
 
 @pytest.mark.parametrize(
@@ -152,7 +175,9 @@ def test_make_plan_prints_the_plan_and_exits_1_on_a_refused_pin(archive_env):
     assert result.returncode == 0, result.tail()
     for text in (
         "laptop1650ti: NVIDIA GeForce GTX 1650 Ti, compute capability 7.5",
-        "CUDA 12.2.2 runtime (nvidia/cuda:12.2.2-runtime-ubuntu22.04): needs driver 535.104.05 or newer -> ok",
+        "CUDA 12.4.1 runtime (Debian's libcudart12 12.4.127~12.4.1-2): its compiled code runs on driver 525.60.13 or "
+        "newer -> ok",
+        "compile   75-real -> sm_75; built: sm_75 (reports/proofs/cuda-image-sm75.json) -> ok",
         "driver    535.309.01, proprietary kernel modules",
         "modules   proprietary: ok",
         "archive   Debian bookworm, the release whose non-free archive carries branch 535",
@@ -199,16 +224,38 @@ def test_make_plan_exits_1_naming_the_refused_pin(tmp_path: Path, archive_env):
     inventory = tmp_path / "inventory"
     shutil.copytree(REPO / "inventory", inventory, ignore=shutil.ignore_patterns("rigs.lock.json"))
     host_file = inventory / "host_vars" / "laptop1650ti.yml"
-    text = host_file.read_text().replace('nvidia_driver_branch: "535"', 'nvidia_driver_branch: "530"')
-    host_file.write_text(text.replace('nvidia_driver_version: "535.309.01"', 'nvidia_driver_version: "530.41.03"'))
+    text = host_file.read_text().replace('nvidia_driver_branch: "535"', 'nvidia_driver_branch: "520"')
+    host_file.write_text(text.replace('nvidia_driver_version: "535.309.01"', 'nvidia_driver_version: "520.61.05"'))
     result = run(
         ["make", "--no-print-directory", "plan", "host=laptop1650ti"],
         ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
         **env,
     )
     assert result.returncode != 0
-    assert "or newer -> refused: CUDA 12.2.2 (the image's runtime) needs driver 535.104.05" in result.output
+    assert "or newer -> refused: CUDA 12.4.1 (the image's runtime) runs on driver 525.60.13" in result.output
     assert (
-        "rigkit plan: laptop1650ti: nvidia_driver_version is '530.41.03': CUDA 12.2.2 (the image's runtime) needs "
-        "driver 535.104.05 or newer" in result.output
+        "rigkit plan: laptop1650ti: nvidia_driver_version is '520.61.05': CUDA 12.4.1 (the image's runtime) runs on "
+        "driver 525.60.13 or newer" in result.output
     ), result.output
+
+
+def test_make_plan_names_an_image_pin_the_archive_dropped_and_the_version_to_move_to(archive_env):
+    env, archive = archive_env
+    publish_bookworm(archive)
+    defaults = role_defaults(*ROLES)
+    pins = {**defaults["llamacpp_image_cuda_toolchain_packages"], **defaults["llamacpp_image_cuda_runtime_packages"]}
+    publish_trixie_cuda(archive, {**pins, "libcudart12": "12.4.127~12.4.1-3"})
+    result = run(["make", "--no-print-directory", "plan", "host=desktop3050"], **env)
+    assert result.returncode != 0, result.output
+    assert "nvidia-cuda-toolkit 12.4.131~12.4.1-2 (trixie/non-free) -> ok" in result.output, result.output
+    assert "libcudart12=12.4.127~12.4.1-2: not in trixie -> refused" in result.output, result.output
+    assert (
+        "rigkit plan: desktop3050: llamacpp_image_cuda_runtime_packages is 'libcudart12=12.4.127~12.4.1-2': Debian's "
+        "archive no longer carries libcudart12 12.4.127~12.4.1-2 (trixie carries 12.4.127~12.4.1-3 now): set "
+        'libcudart12: "12.4.127~12.4.1-3" under llamacpp_image_cuda_runtime_packages in '
+        "inventory/group_vars/gpu_rigs.yml"
+    ) in result.output, result.output
+    publish_trixie_cuda(archive, pins)
+    fresh = {**env, "RIGKIT_CACHE_DIR": env["RIGKIT_CACHE_DIR"] + "-fresh"}
+    accepted = run(["make", "--no-print-directory", "plan", "host=desktop3050"], **fresh)
+    assert accepted.returncode == 0 and "libcudart12 12.4.127~12.4.1-2 (trixie/non-free) -> ok" in accepted.output

@@ -264,10 +264,28 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
     ("rig-kind", {"rig_kind": "cloud"}, ['{file}: rig_kind is "cloud"; expected gpu or sandbox']),
     (
         "driver-too-old-for-cuda",
-        {"nvidia_driver_branch": "525", "nvidia_driver_version": "525.147.05"},
+        {"nvidia_driver_branch": "520", "nvidia_driver_version": "520.61.05"},
         [
-            '{file}: nvidia_driver_version is "525.147.05"; CUDA 12.2.2 (the image\'s runtime) needs driver '
-            "535.104.05 or newer: pin a newer driver, or an older CUDA base image"
+            '{file}: nvidia_driver_version is "520.61.05"; CUDA 12.4.1 (the image\'s runtime) runs on driver '
+            "525.60.13 or newer: pin a newer driver"
+        ],
+    ),
+    (
+        "ptx-only-for-an-older-driver",
+        {"llamacpp_image_cuda_architectures": "86-virtual"},
+        [
+            '{file}: llamacpp_image_cuda_architectures is "86-virtual"; NVIDIA GeForce RTX 3050 OEM: a compute '
+            "capability 8.6 GPU would run the image's PTX (compute_86) only, which the driver must JIT-compile, and "
+            "PTX from CUDA 12.4.1 needs driver 550.54.15 or newer: add 86-real to llamacpp_image_cuda_architectures"
+        ],
+    ),
+    (
+        "gpu-missing-from-the-sass-list",
+        {"llamacpp_image_cuda_architectures": "75-real;89-real"},
+        [
+            '{file}: llamacpp_image_cuda_architectures is "75-real;89-real"; NVIDIA GeForce RTX 3050 OEM: the image '
+            "holds compiled code for sm_75 sm_89 and no PTX a compute capability 8.6 GPU can use: add 86-real to "
+            "llamacpp_image_cuda_architectures"
         ],
     ),
     (
@@ -280,8 +298,8 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         [
             'nvidia_driver_kernel_modules is "proprietary"; a GPU of compute capability 12.0 (Blackwell or '
             "newer) runs on the open kernel modules only",
-            'llamacpp_image_runtime_base is "nvidia/cuda:12.2.2-runtime-ubuntu22.04@sha256:',
-            "CUDA 12.2.2 compiles for compute capability 9.0 at most, not 12.0: use a CUDA 12.8 base image or newer",
+            'llamacpp_image_cuda_toolchain_packages is "nvidia-cuda-toolkit=12.4.131~12.4.1-2"',
+            "CUDA 12.4.1 compiles for compute capability 9.0 at most, not 12.0: use a CUDA 12.8 toolchain or newer",
         ],
     ),
     (
