@@ -69,7 +69,7 @@ def test_a_rig_serving_plain_http_on_the_lan_is_refused():
     assert "inventory/host_vars/laptop.yml" in problems[0]
 
 
-@pytest.mark.parametrize("key", ["short", "has a space in it somewhere", "x" * 257])
+@pytest.mark.parametrize("key", ["short", "has a space in it somewhere", "x" * 257, "x" * 32 + "\n"])
 def test_a_rig_key_the_gateway_cannot_send_is_refused(key):
     rig = {**MTP, "llama_server_api_key": key}
     found, problems = upstream("sandbox-mtp", rig, CATALOG, shares_network=True, gateway="fleet")
