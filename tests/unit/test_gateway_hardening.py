@@ -142,6 +142,7 @@ def render(work: Path, client_key: str, rig_port: int, **settings: Any) -> Rende
         "__fleet_gateway_chroot": "",
         "__fleet_gateway_socket_dir_in_chroot": str(work / "sockets"),
         "config_tasks": str(config_tasks(work / "config.yml")),
+        "role_path": str(ROLE),  # the copy of config.yml runs outside the role; the role's digest reads it
     }
     (work / "settings.json").write_text(json.dumps(paths))
     playbook = REPO / "tests" / "unit" / "playbooks" / "render_gateway.yml"
