@@ -175,3 +175,12 @@ def test_a_well_formed_rig_api_key_passes() -> None:
     report = _report()
     _check_rules(report, "rig", {"llama_server_api_key": "k" * 24 + "-_.~+/=!", "llama_server_host": "192.0.2.7"}, {})
     assert report.problems == []
+
+
+@pytest.mark.parametrize("variable", ["llama_server_api_key", "fleet_gateway_api_key"])
+def test_an_api_key_starting_with_a_hash_is_refused(variable: str) -> None:
+    """The gateway's client key file is an HAProxy pattern file, where a line starting with # is a comment: such a
+    key would be dropped from it without a word."""
+    report = _report()
+    _check_rules(report, "rig", {variable: "#" + "k" * 31, "llama_server_host": "192.0.2.7"}, {})
+    assert any(f"{variable} is" in problem for problem in report.problems), report.problems
