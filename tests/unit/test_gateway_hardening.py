@@ -101,8 +101,9 @@ def config_tasks(dest: Path) -> Path:
     return dest
 
 
-def render(work: Path, client_key: str, rig_port: int, **settings: Any) -> Rendered:
-    """The role's checks and file tasks for a gateway on this machine in front of one loopback rig."""
+def render(work: Path, client_key: str, rig_port: int, *, verify: bool = False, **settings: Any) -> Rendered:
+    """The role's checks and file tasks for a gateway on this machine in front of one loopback rig (``verify``:
+    then the role's verify.yml, against the gateway that runs them)."""
     files = work / "etc"
     inventory = {
         "all": {
@@ -143,6 +144,7 @@ def render(work: Path, client_key: str, rig_port: int, **settings: Any) -> Rende
         "__fleet_gateway_socket_dir_in_chroot": str(work / "sockets"),
         "config_tasks": str(config_tasks(work / "config.yml")),
         "role_path": str(ROLE),  # the copy of config.yml runs outside the role; the role's digest reads it
+        **({"verify_tasks": str(ROLE / "tasks" / "verify.yml")} if verify else {}),
     }
     (work / "settings.json").write_text(json.dumps(paths))
     playbook = REPO / "tests" / "unit" / "playbooks" / "render_gateway.yml"
@@ -253,6 +255,16 @@ def test_a_client_key_ending_in_a_newline_is_refused_before_any_file_is_written(
     assert "fleet_gateway_api_key" in message and "inventory/host_vars/gw.yml" in message
     assert KEY not in json.dumps(rendered.result)  # the value is never shown, not even in the result
     assert not rendered.files.exists() or not any(rendered.files.iterdir())
+
+
+def test_the_roles_verify_step_passes_on_the_gateway_running_its_files(gateway: Gateway, rig: ThreadingHTTPServer):
+    """verify.yml against the running gateway: the same configuration (no restart asked), /health, the models."""
+    again = render(gateway.rendered.work, KEY, rig.server_address[1], verify=True, port=gateway.port)
+    assert not again.failures, again.failures
+    ran = {task["task"]["name"]: task["hosts"]["gw"] for task in again.result["plays"][0]["tasks"]}
+    assert ran["Restart HAProxy when it runs another configuration than this one"].get("skipped")
+    assert not ran["Check that the gateway runs this configuration and lists the fleet's models"].get("failed")
+    assert KEY not in json.dumps(again.result)
 
 
 # ------------------------------------------------------------------------------ item 2: holding every connection
