@@ -98,8 +98,8 @@ def _cuda_image_proof(rig: str, arch: str) -> Proof:
             ),
         ),
         readback=Step(("cat", f"reports/cuda/cuda-image-sm{arch}.txt")),
-        decisive=r"^(build|sass|package|ldd|libcuda1|cuda|served|offload): ",
-        decisive_min=14,
+        decisive=r"^(build|production|sass|package|ldd|libcuda1|cuda|served|offload): ",
+        decisive_min=15,
         inputs=(
             "docker/Dockerfile",
             "rigkit/sandbox/tiny_gemma4.py",

@@ -96,6 +96,12 @@ def cuda_image() -> str:
     (REPORTS / f"cuda-image-sm{ARCH}-build.log").write_text(built.output[-200_000:])
     assert built.returncode == 0, built.tail()
     tag = rendered["tag"]
+    production = image_inputs(RIG)[RIG]
+    # the rig's own build differs in its source alone: the same tree, from a git checkout of the commit
+    assert {key: value for key, value in production["build_args"].items() if key != "LLAMACPP_SOURCE_SUBDIR"} == {
+        key: value for key, value in args.items() if key != "LLAMACPP_SOURCE_SUBDIR"
+    }, (production["build_args"], args)
+    FINDINGS["production_tag"] = production["tag"]
     FINDINGS["build"] = {
         "tag": tag,
         "build_args": args,
@@ -264,6 +270,7 @@ def test_write_the_report() -> None:
     pinned = {**packages["toolchain"], **packages["runtime"]}
     decisive = [
         f"build: {build['tag']} sm{ARCH} GGML_CUDA=ON on {build['base']}, {build['size_mib']} MiB",
+        f"production: {FINDINGS['production_tag']} (the rig's tag: the same inputs, the source from git)",
         f"sass: {' '.join(FINDINGS['cuobjdump']['architectures'])} (cuobjdump, no PTX)",  # type: ignore[index]
         *(f"package: {name}={version}" for name, version in sorted(pinned.items())),
         *(f"ldd: {line}" for line in FINDINGS["ldd"] if "libcu" in line),  # type: ignore[union-attr]

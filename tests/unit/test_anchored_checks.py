@@ -131,11 +131,6 @@ YAML_CHECK_RE = re.compile(r"""\b(?:match|regex|search)\(\s*(['"])(?P<pattern>.*
 # Checks in files another change owns (their proof receipts hash them); each is a known, listed exception.
 FROZEN = {
     "roles/cuda/tasks/plan.yml": ["^[0-9]+\\.[0-9]+$"],
-    "roles/llamacpp_image/tasks/tag.yml": [
-        "^[0-9a-f]{40}$",
-        "^[0-9a-f]{64}$",
-        "^[0-9]+(-real|-virtual)?(;[0-9]+(-real|-virtual)?)*$",
-    ],
 }
 
 
