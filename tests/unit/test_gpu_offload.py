@@ -142,8 +142,8 @@ def test_the_real_log_of_a_cpu_server_is_refused():
     assert verdict.causes == [NO_DEVICE, TARGET_LAYERS, DRAFTER_LAYERS, NO_CUDA_BUFFERS, NO_CUDA_BUFFERS, GPU_MEMORY]
 
 
-# The GPU run of 2026-12-04 (reports/gpu/h200-20261204T1830Z-image.json): the llama-server of the kit's CUDA image
-# (docker/Dockerfile, sm 86, an earlier CUDA 13.0.2 build) on the H200, started by tests/gpu/offload.py as the rigs start it,
+# The GPU run of 2026-12-04 (reports/gpu/h200-20261204T1830Z-image.json): the llama-server of an earlier CUDA 13.0.2
+# build of docker/Dockerfile (sm 86) on the H200, started by tests/gpu/offload.py as the rigs start it,
 # as is and with CUDA_VISIBLE_DEVICES= . Both whole logs, with the pid and nvidia-smi's compute apps of each run.
 IMAGE_RUN = json.loads((REPO / "reports/gpu/h200-20261204T1830Z-image.json").read_text())["data"]
 
