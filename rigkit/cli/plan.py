@@ -2,7 +2,7 @@
 Debian's archive (read on the controller, cached; no rig is contacted): image CUDA and driver, GPU and driver
 branch, module flavour, the kernels the pinned driver's DKMS module is known to build for, whether the archive
 still carries the pinned packages, and the kernel it would install next. Exit 1 when the validation play would
-refuse a combination, or when the archive dropped the pinned driver."""
+refuse a combination, when the archive dropped a pin, or when no valid DKMS receipt proves the pinned driver."""
 
 from __future__ import annotations
 
@@ -66,7 +66,13 @@ def archive_notes(hosts: Iterable[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rigkit.validation.compat import archive_report, compat_findings, image_archive_report, plan_lines
+    from rigkit.validation.compat import (
+        archive_report,
+        compat_findings,
+        image_archive_report,
+        plan_lines,
+        unproven_pin_findings,
+    )
     from rigkit.validation.debian_archive import Archive
 
     try:
@@ -77,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
     read = Archive().index
     archive, packages = archive_report(args.host, values, read), image_archive_report(args.host, values, read)
     print("\n".join([*plan_lines(args.host, values, archive=archive), *packages.lines]))
-    refused = [*compat_findings(values), *archive.findings, *packages.findings]
+    refused = [
+        *compat_findings(values),
+        *unproven_pin_findings(args.host, values),
+        *archive.findings,
+        *packages.findings,
+    ]
     for variable, value, why in refused:
         print(f"rigkit plan: {args.host}: {variable} is {value!r}: {why}", file=sys.stderr)
     return 1 if refused else 0

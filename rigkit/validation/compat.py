@@ -137,6 +137,25 @@ def compat_findings(values: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
     return found
 
 
+def unproven_pin_findings(host: str, values: Mapping[str, Any], root: Path = REPO) -> list[Finding]:
+    """`make plan`'s refusal of an exact driver pin that no valid DKMS receipt built (a branch followed without a
+    version, as on Ubuntu, has no exact pin to prove)."""
+    rig = RigCompat.of(values)
+    if values.get("rig_kind") != "gpu" or not rig.version:
+        return []
+    entry = known_good_kernels(root).get(rig.version)
+    if entry and entry["valid"]:
+        return []
+    target = entry["target"] if entry else _dkms_target(rig.version, root)
+    why = (
+        f"the receipt that built {rig.version} ({entry['receipt']}) was made from other inputs: run make {target}"
+        if entry
+        else f"no DKMS receipt built {rig.version}: prove it (make {target}, its scenario at this pin) before a rig "
+        "gets it"
+    )
+    return [("nvidia_driver_version", rig.version, why)]
+
+
 def known_good_kernels(root: Path = REPO) -> dict[str, dict[str, Any]]:
     """{driver version: {"kernels": [...], "receipt": path, "valid": bool}} from the DKMS proofs' receipts."""
     found: dict[str, dict[str, Any]] = {}
@@ -521,7 +540,8 @@ def plan_lines(
         lines.append(f"  modules   {rig.modules or 'default'}: {_verdict(_modules_problem(rig))}")
     kernels = known_good_kernels(root).get(rig.version)
     if kernels is None:
-        lines.append(f"  kernels   no DKMS proof for {rig.version or rig.branch} yet (make proofs)")
+        verdict = "refused" if rig.version else "not proven (a branch followed: no exact pin)"
+        lines.append(f"  kernels   no DKMS proof for {rig.version or rig.branch} -> {verdict}")
     else:
         state = "" if kernels["valid"] else f" (receipt stale: make {kernels['target']})"
         lines.append(

@@ -259,3 +259,35 @@ def test_make_plan_names_an_image_pin_the_archive_dropped_and_the_version_to_mov
     fresh = {**env, "RIGKIT_CACHE_DIR": env["RIGKIT_CACHE_DIR"] + "-fresh"}
     accepted = run(["make", "--no-print-directory", "plan", "host=desktop3050"], **fresh)
     assert accepted.returncode == 0 and "libcudart12 12.4.127~12.4.1-2 (trixie/non-free) -> ok" in accepted.output
+
+
+@pytest.mark.parametrize("host", ["desktop3050", "laptop1650ti"])
+def test_every_seed_rigs_exact_driver_pin_is_proven_by_a_valid_dkms_receipt(host):
+    from rigkit.validation.compat import unproven_pin_findings
+
+    assert unproven_pin_findings(host, seed_values(host)) == []
+
+
+def test_make_plan_refuses_a_driver_pin_no_receipt_proves(tmp_path: Path):
+    from rigkit.validation.compat import unproven_pin_findings
+
+    values = {**seed_values("laptop1650ti"), "nvidia_driver_version": "535.320.01"}
+    ((variable, value, why),) = unproven_pin_findings("laptop1650ti", values)
+    assert (variable, value) == ("nvidia_driver_version", "535.320.01")
+    assert why.startswith("no DKMS receipt built 535.320.01: prove it (make proof-nvidia-driver-dkms-debian12")
+    assert any("no DKMS proof for 535.320.01 -> refused" in line for line in plan_lines("laptop1650ti", values))
+    # a receipt made from other inputs proves nothing either
+    item = proofs.proof("nvidia-driver-dkms-debian12")
+    copy_proof_inputs(item, tmp_path)
+    (tmp_path / "reports/proofs" / f"{item.name}.json").write_text(
+        json.dumps(
+            {
+                "result": "passed",
+                "inputs_digest": "0" * 64,
+                "inputs": {},
+                "decisive_lines": ["nvidia-current/535.309.01, 6.1.0-57-amd64, x86_64: installed"],
+            }
+        )
+    )
+    ((_, _, why),) = unproven_pin_findings("laptop1650ti", seed_values("laptop1650ti"), tmp_path)
+    assert "was made from other inputs: run make proof-nvidia-driver-dkms-debian12" in why
