@@ -180,7 +180,9 @@ PROOFS: tuple[Proof, ...] = (
         "trixie-security's newest, with an installer's apt sources",
         2,
     ),
-    *(_cuda_image_proof(rig, arch) for rig, arch in (("laptop1650ti", "75"), ("desktop3050", "86"))),
+    # The laptop's sm 75 image (_cuda_image_proof("laptop1650ti", "75")) is not proven yet: its compile needs a
+    # quiet hour of this machine's 2 cores.
+    _cuda_image_proof("desktop3050", "86"),
     # The GPU rigs' package installs, hundreds of MB each from Debian's archive, that no sandbox rig runs.
     _molecule_proof(
         "nvidia_driver",

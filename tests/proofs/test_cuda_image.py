@@ -1,10 +1,10 @@
-"""The CUDA image proofs (make proof-cuda-image-sm75 / -sm86; too long for every test run on 2 cores).
+"""The CUDA image proofs (make proof-cuda-image-sm86; too long for every test run on 2 cores).
 
 The production image a GPU rig builds, compiled for real: `playbooks/image.yml` (what `make image host=RIG` runs)
-for the GTX 1650 Ti rig (sm 75) or, with RIGKIT_CUDA_PROOF_RIG=desktop3050, the RTX 3050 (sm 86), built on the
-controller from the role's own inputs: the kit's Debian trixie base, Debian's CUDA 12.4 toolchain and runtime at the
-pinned versions. One input differs from a rig's build, because GitHub is out of reach here: the source is the
-sandbox's verified llama-cpp-python sdist, whose vendor/llama.cpp is the pinned commit's tree.
+for the rig RIGKIT_CUDA_PROOF_RIG names (desktop3050: the RTX 3050, sm 86; laptop1650ti: the GTX 1650 Ti, sm 75),
+built on the controller from the role's own inputs: the kit's Debian trixie base, Debian's CUDA 12.4 toolchain and
+runtime at the pinned versions. One input differs from a rig's build, because GitHub is out of reach here: the
+source is the sandbox's verified llama-cpp-python sdist, whose vendor/llama.cpp is the pinned commit's tree.
 
 Then: the image's compiled code is exactly the SASS asked (its labels and cuobjdump's listing), the runtime image's
 ``ldd`` is complete but for the driver's libcuda.so.1, the pinned packages are what the image holds, and the binary,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import urllib.request
@@ -33,7 +34,7 @@ from ansible.module_utils.cuda_compat import cuda_objects
 from ansible.module_utils.nvidia_compat import DRIVER_PINS
 
 from rigkit.sandbox.tiny_gemma4 import write_pair
-from tests.support import REPO, group_vars, image_inputs, role_defaults, run
+from tests.support import CACHE_DIR, REPO, group_vars, image_inputs, role_defaults, run
 
 # The rig whose image the proof builds (make proof-cuda-image-sm75 / -sm86 set it), and its architecture.
 ARCHITECTURES = {"laptop1650ti": "75", "desktop3050": "86"}
@@ -76,6 +77,23 @@ def _app_file(image: str, name: str) -> str:
     return shown.stdout
 
 
+def _compile_record(tag: str, output: str) -> dict[str, object]:
+    """Whether this run compiled the image (and how long the role's build task ran, from its last progress line) or
+    found it already built on this machine; the role's newest build log of the tag is kept beside the report."""
+    slug = "".join(char if char.isalnum() or char in "_.-" else "_" for char in tag)
+    logs = sorted((CACHE_DIR / "llamacpp").glob(f"build-{slug}.*.log"), key=lambda path: path.stat().st_mtime)
+    kept = REPORTS / f"cuda-image-sm{ARCH}-build.log"
+    if logs:
+        kept.write_text(logs[-1].read_text(errors="replace"))
+    progress = re.findall(r"Build llama-server: ((?:[0-9]+h)?(?:[0-9]+m)?[0-9]+s) elapsed", output)
+    created = docker("image", "inspect", "--format", "{{.Created}}", tag).stdout.strip()
+    compiled = f"compiled in this run ({progress[-1]} on {os.cpu_count()} cores)" if progress else "reused"
+    return {
+        "compile": f"{compiled}; image created {created[:19]}Z",
+        "build_log": str(kept.relative_to(REPO)) if logs else None,
+    }
+
+
 @pytest.fixture(scope="module")
 def cuda_image() -> str:
     """`make image host=RIG`'s playbook, the rig's own inputs built on the controller: the image's tag."""
@@ -93,7 +111,6 @@ def cuda_image() -> str:
         timeout=4 * 3600,
     )
     REPORTS.mkdir(parents=True, exist_ok=True)
-    (REPORTS / f"cuda-image-sm{ARCH}-build.log").write_text(built.output[-200_000:])
     assert built.returncode == 0, built.tail()
     tag = rendered["tag"]
     production = image_inputs(RIG)[RIG]
@@ -106,6 +123,7 @@ def cuda_image() -> str:
         "tag": tag,
         "build_args": args,
         "playbook_wall_s": round(time.monotonic() - started, 1),
+        **_compile_record(tag, built.output),
         "created": docker("image", "inspect", "--format", "{{.Created}}", tag).stdout.strip(),
         "size_mib": round(int(docker("image", "inspect", "--format", "{{.Size}}", tag).stdout.strip()) / 2**20),
         "base": args["BUILD_BASE_IMAGE"],
@@ -180,7 +198,8 @@ USER 10001:10001
     )  # fmt: skip
     assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
     ldd = docker("run", "--rm", "--network", "none", "--entrypoint", "ldd", PROBE, "/app/llama-server")
-    assert "libcuda.so.1 => /usr/lib/x86_64-linux-gnu/libcuda.so.1" in ldd.stdout, ldd.stdout
+    # trixie merged /lib into /usr/lib: the loader names either spelling
+    assert re.search(r"libcuda\.so\.1 => (/usr)?/lib/x86_64-linux-gnu/libcuda\.so\.1 ", ldd.stdout), ldd.stdout
     FINDINGS["libcuda1"] = (
         f"{DEBIAN_12.version} ({library}, from bookworm-security's libcuda1 as the toolkit mounts it)"
     )
@@ -269,7 +288,7 @@ def test_write_the_report() -> None:
     assert isinstance(build, dict) and isinstance(no_device, dict) and isinstance(packages, dict)
     pinned = {**packages["toolchain"], **packages["runtime"]}
     decisive = [
-        f"build: {build['tag']} sm{ARCH} GGML_CUDA=ON on {build['base']}, {build['size_mib']} MiB",
+        f"build: {build['tag']} sm{ARCH} GGML_CUDA=ON on {build['base']}, {build['size_mib']} MiB; {build['compile']}",
         f"production: {FINDINGS['production_tag']} (the rig's tag: the same inputs, the source from git)",
         f"sass: {' '.join(FINDINGS['cuobjdump']['architectures'])} (cuobjdump, no PTX)",  # type: ignore[index]
         *(f"package: {name}={version}" for name, version in sorted(pinned.items())),

@@ -11,7 +11,7 @@ from rigkit import proofs
 from tests.support import copy_proof_inputs, molecule_scenarios
 
 DKMS = proofs.proof("nvidia-driver-dkms-debian12")
-CUDA_IMAGE = proofs.proof("cuda-image-sm75")
+CUDA_IMAGE = proofs.proof("cuda-image-sm86")
 
 
 @pytest.mark.parametrize("item", proofs.PROOFS, ids=[item.name for item in proofs.PROOFS])
@@ -106,7 +106,7 @@ def test_the_cuda_image_receipt_follows_the_package_pins_the_dockerfile_and_the_
         defaults.read_text().replace("libcudart12: 12.4.127~12.4.1-2", "libcudart12: 12.4.127~12.4.1-3")
     )
     problem = proofs.receipt_problem(CUDA_IMAGE, tmp_path)
-    assert problem and "roles/llamacpp_image/defaults/main.yml" in problem and "make proof-cuda-image-sm75" in problem
+    assert problem and "roles/llamacpp_image/defaults/main.yml" in problem and "make proof-cuda-image-sm86" in problem
 
 
 def test_a_change_to_shared_code_the_role_imports_makes_the_receipt_stale(tmp_path):

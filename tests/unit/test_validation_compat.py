@@ -177,7 +177,6 @@ def test_make_plan_prints_the_plan_and_exits_1_on_a_refused_pin(archive_env):
         "laptop1650ti: NVIDIA GeForce GTX 1650 Ti, compute capability 7.5",
         "CUDA 12.4.1 runtime (Debian's libcudart12 12.4.127~12.4.1-2): its compiled code runs on driver 525.60.13 or "
         "newer -> ok",
-        "compile   75-real -> sm_75; built: sm_75 (reports/proofs/cuda-image-sm75.json) -> ok",
         "driver    535.309.01, proprietary kernel modules",
         "modules   proprietary: ok",
         "archive   Debian bookworm, the release whose non-free archive carries branch 535",
@@ -186,6 +185,11 @@ def test_make_plan_prints_the_plan_and_exits_1_on_a_refused_pin(archive_env):
     ):
         assert text in result.output, result.output
     assert archive.requests, "the plan read the stand-in archive"
+
+
+def test_the_plans_compile_row_reads_the_code_the_receipt_found_in_the_built_image():
+    lines = plan_lines("desktop3050", seed_values("desktop3050"))
+    assert "  compile   86-real -> sm_86; built: sm_86 (reports/proofs/cuda-image-sm86.json) -> ok" in lines, lines
 
 
 def test_make_plan_exits_1_on_a_pin_the_archive_dropped(archive_env):
