@@ -36,7 +36,7 @@ from ansible.module_utils.nvidia_compat import DRIVER_PINS
 from rigkit.sandbox.tiny_gemma4 import write_pair
 from tests.support import CACHE_DIR, REPO, group_vars, image_inputs, role_defaults, run
 
-# The rig whose image the proof builds (make proof-cuda-image-sm75 / -sm86 set it), and its architecture.
+# The rig whose image the proof builds (make proof-cuda-image-sm86 sets it), and its architecture.
 ARCHITECTURES = {"laptop1650ti": "75", "desktop3050": "86"}
 RIG = os.environ.get("RIGKIT_CUDA_PROOF_RIG", "laptop1650ti")
 ARCH = ARCHITECTURES[RIG]
