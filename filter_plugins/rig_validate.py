@@ -91,16 +91,22 @@ def rig_fleet_validation(
     specs = load_specs(ROLES_DIR)
     defaults = plain_defaults(ROLES_DIR, "llama_server")
     archive = Archive()  # Debian's indexes, read once for the fleet (cached on disk)
+    image_only = scope == "image"
     results: dict[str, dict[str, list[str]]] = {}
     for host in hosts:
         host_vars = hostvars[host]
         values = _values(host_vars)
         sources = Sources(inventory, host, host_vars["group_names"])
-        report = rig_report(host, values, specs=specs, sources=sources, catalog=values.get("model_catalog"))
+        report = rig_report(
+            host,
+            values,
+            specs=specs,
+            sources=sources,
+            catalog=values.get("model_catalog"),
+            models_needed=not image_only,
+        )
         preflight: list[str] = []
-        if scope == "image":
-            report.problems = [text for text in report.problems if text not in report.unpinned_problems]
-        elif report.values_sound:
+        if report.values_sound and not image_only:
             preflight = _preflight(host, values, sources, host_vars["rig_controller_cache_dir"], defaults)
         if report.values_sound:
             report.problems += archive_problems(host, _resolved(values), sources=sources, lookup=archive.index)

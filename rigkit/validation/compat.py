@@ -16,6 +16,7 @@ import fnmatch
 import json
 import os
 import re
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -476,8 +477,6 @@ def built_code(host: str, root: Path = REPO) -> tuple[str, str] | None:
 
 def _engine_code(architectures: str) -> tuple[str, str] | None:
     """The cuobjdump-checked code of an image built for ``architectures`` in this machine's Docker engine."""
-    import subprocess
-
     try:
         listed = subprocess.run(
             ["docker", "image", "ls", "--filter", f"label=io.rigkit.cuda-architectures={architectures}",

@@ -131,11 +131,11 @@ def suggestion(name: str, known: Iterable[str], cutoff: float = 0.75) -> str:
 class Report:
     """All problems of one rig, each prefixed with the file that set the variable."""
 
-    def __init__(self, sources: Sources) -> None:
+    def __init__(self, sources: Sources, *, models_needed: bool = True) -> None:
         self.sources = sources
         self.problems: list[str] = []
-        # Models not pinned yet (among problems): they stop a deploy, not an image build.
-        self.unpinned_problems: list[str] = []
+        # Models not pinned yet stop a deploy, not an image build (make image: models_needed False).
+        self.models_needed = models_needed
         # False once a value itself is wrong: the memory preflight would read it. Missing pins leave it True.
         self.values_sound = True
 
@@ -153,8 +153,8 @@ class Report:
 
     def unpinned(self, text: str) -> None:
         """Models not pinned yet: a problem, but every value is sound, so the memory preflight can still run."""
-        self.problems.append(text)
-        self.unpinned_problems.append(text)
+        if self.models_needed:
+            self.problems.append(text)
 
 
 def _plain_copy(value: Any) -> Any:
@@ -582,9 +582,11 @@ def rig_report(
     specs: Specs,
     sources: Sources,
     catalog: Any,
+    models_needed: bool = True,
 ) -> Report:
-    """rig_problems' Report: its problems and whether the values are sound enough for the memory preflight."""
-    report = Report(sources)
+    """rig_problems' Report: its problems and whether the values are sound enough for the memory preflight.
+    ``models_needed`` False (an image build) leaves models not pinned yet out of the problems."""
+    report = Report(sources, models_needed=models_needed)
     declared = declared_variables(specs)
     rig_kind = values.get("rig_kind")
     if rig_kind not in KIT_VARIABLES["rig_kind"]["choices"]:
