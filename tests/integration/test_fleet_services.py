@@ -209,6 +209,9 @@ def test_a_gateway_running_another_configuration_than_its_file_is_restarted(gate
         check=True,
     )
     assert in_container("rigkit-gw-fleet", "systemctl", "reload", "haproxy").returncode == 0
+    # HAProxy 2.6's reload is a signal: systemctl returns before the new worker has read the file, so the file is
+    # put back only once the edit is what answers.
+    wait_until(lambda: served_config(gateway).startswith("stale"), 30, "the reloaded gateway to serve the edit")
     subprocess.run(
         ["docker", "exec", "-i", "rigkit-gw-fleet", "tee", config],
         input=original,
@@ -216,17 +219,17 @@ def test_a_gateway_running_another_configuration_than_its_file_is_restarted(gate
         capture_output=True,
         check=True,
     )
-    listed = requests.get(
-        f"{URL}/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"}, verify=gateway["cert"], timeout=30
-    )
-    assert listed.headers["X-Rigkit-Config"].startswith("stale")
     converge = make(GATEWAY, gateway["cache"], "provision-gw-fleet-restart")
     assert converge.returncode == 0, converge.tail(60)
     assert recap(converge.output)[GATEWAY]["changed"] == 1, converge.tail(60)
+    assert not served_config(gateway).startswith("stale")
+
+
+def served_config(gateway: dict) -> str:
     listed = requests.get(
         f"{URL}/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"}, verify=gateway["cert"], timeout=30
     )
-    assert not listed.headers["X-Rigkit-Config"].startswith("stale")
+    return listed.headers["X-Rigkit-Config"]
 
 
 def query(expression: str) -> list[dict]:
