@@ -16,7 +16,7 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from rigkit import REPO
-from rigkit.fleet.gateway import models_list, plan
+from rigkit.fleet.gateway import KeyFileError, client_keys_file, key_file_problems, models_list, plan, rig_keys_file
 from rigkit.fleet.monitor import (
     QUERIES,
     alert_rules,
@@ -27,7 +27,7 @@ from rigkit.fleet.monitor import (
     prometheus_config,
 )
 from rigkit.paths import lock_file
-from rigkit.validation.rules import plain_defaults
+from rigkit.validation.rules import api_key_problem, plain_defaults
 
 ROLES_DIR = str(pathlib.Path(__file__).resolve().parent.parent / "roles")
 # What the plan reads of a rig: its server's bind, TLS, key and slots, its target, its address, its node exporter.
@@ -127,11 +127,30 @@ def fleet_monitor_plan(
     return {**planned, "nodes": nodes, "unscraped_nodes": unscraped, "labels": labels, "thresholds": thresholds}
 
 
+def api_key_problem_filter(value: Any, variable: str, host: str) -> str:
+    """The controller's whole-value rule for an API key (rigkit.validation.rules), as a message naming the host,
+    the variable and the file; empty when the key is sound."""
+    why = api_key_problem(variable, value)
+    return f"{host}: {variable} is <hidden>; {why}: set it in inventory/host_vars/{host}.yml" if why else ""
+
+
+def _key_file(write: Any, *args: Any) -> str:
+    try:
+        return write(*args)
+    except KeyFileError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "fleet_gateway_plan": fleet_gateway_plan,
             "fleet_gateway_models": models_list,
+            # every API key's whole-value rule, for the gateway's and the rigs' own checks alike
+            "api_key_problem": api_key_problem_filter,
+            "fleet_gateway_client_keys_file": lambda key, gateway: _key_file(client_keys_file, key, gateway),
+            "fleet_gateway_rig_keys_file": lambda upstreams: _key_file(rig_keys_file, upstreams),
+            "fleet_gateway_key_file_problems": key_file_problems,
             "fleet_monitor_plan": fleet_monitor_plan,
             "fleet_monitor_prometheus_config": prometheus_config,
             "fleet_monitor_alert_rules": alert_rules,

@@ -22,8 +22,7 @@ from ansible.module_utils.llama_server.paths import tls_cert_path
 from ansible.module_utils.model_catalog import ALIAS_RE
 from ansible.module_utils.net_address import is_loopback, is_wildcard, serves_tls
 
-# An API key travels in an HAProxy map file and an Authorization header: printable, no whitespace.
-API_KEY = re.compile(r"[\x21-\x7e]{16,256}")
+from rigkit.validation.variables import API_KEY_RE, API_KEY_SHAPE
 
 
 @dataclass(frozen=True)
@@ -111,10 +110,10 @@ def upstream(
             f"so {service} would send its key (and any prompt) across the network in clear: set llama_server_tls to "
             f"auto in {rig_file}"
         )
-    if api_key and not API_KEY.fullmatch(api_key):
+    if api_key and not API_KEY_RE.match(api_key):
         problems.append(
-            f"{rig}: llama_server_api_key must be 16 to 256 printable characters without spaces ({service} "
-            f"sends it in an Authorization header): set another one in Vault for {rig_file}"
+            f"{rig}: llama_server_api_key must be {API_KEY_SHAPE} ({service} sends it in an Authorization "
+            f"header): set another one in Vault for {rig_file}"
         )
     target = str(values.get("models_target") or "")
     alias = alias_of(catalog, target)
@@ -202,3 +201,64 @@ def models_list(aliases: list[str], created: int = 0) -> dict[str, Any]:
         "object": "list",
         "data": [{"id": alias, "object": "model", "created": created, "owned_by": "rigkit"} for alias in aliases],
     }
+
+
+# ------------------------------------------------------------------------------------------------ key files
+# A rig's name in the rig key map: HAProxy splits a map line at its first blank, so the name is one token.
+RIG_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,253}\Z")
+
+
+class KeyFileError(ValueError):
+    """A key that a key file cannot carry as one token; the message names the variable and the file, never the key."""
+
+
+def _entries(text: str) -> list[list[str]]:
+    """The entries HAProxy reads from a pattern or map file: each line that is not blank or a comment, its leading
+    blanks trimmed, split at blanks (a map's value is the rest of the line)."""
+    lines = (line.strip(" \t\r") for line in text.split("\n"))
+    return [line.split() for line in lines if line and not line.startswith("#")]
+
+
+def client_keys_file(key: Any, gateway: str) -> str:
+    """The gateway's client key file (an HAProxy pattern file): the key alone on its line, no second field."""
+    if not isinstance(key, str) or not API_KEY_RE.match(key):
+        raise KeyFileError(
+            f"fleet_gateway_api_key must be {API_KEY_SHAPE} (the key file holds it as one token, its value is not "
+            f"shown): set it from Ansible Vault in inventory/host_vars/{gateway}.yml"
+        )
+    text = f"# the client API key, alone on its line (roles/fleet_gateway)\n{key}\n"
+    if _entries(text) != [[key]]:  # read back as HAProxy reads it: one entry, one field
+        raise KeyFileError(f"the client key file would not hold one token: fix inventory/host_vars/{gateway}.yml")
+    return text
+
+
+def rig_keys_file(upstreams: list[Mapping[str, Any]]) -> str:
+    """The rig key map: `RIG KEY` per rig with a key, each a single token (HAProxy takes a map line's value from
+    its first blank to the end: a second field would become part of the key sent)."""
+    lines = ["# rig  its llama_server_api_key (roles/fleet_gateway)"]
+    for item in upstreams:
+        rig, key = str(item.get("rig", "")), item.get("api_key") or ""
+        if not key:
+            continue
+        if not RIG_NAME_RE.match(rig) or not isinstance(key, str) or not API_KEY_RE.match(key):
+            raise KeyFileError(
+                f"{rig!r}: its name must be one token and llama_server_api_key {API_KEY_SHAPE} (the rig key map "
+                f"holds both on one line, the key's value is not shown): fix inventory/host_vars/{rig}.yml"
+            )
+        lines.append(f"{rig} {key}")
+    text = "\n".join(lines) + "\n"
+    if any(len(entry) != 2 for entry in _entries(text)):  # read back as HAProxy reads it: name and key only
+        raise KeyFileError("the rig key map would hold a line of other than two fields: fix the rigs' host_vars")
+    return text
+
+
+def key_file_problems(text: str, expected: str, path: str) -> list[str]:
+    """Why a key file as found on the gateway host is not ``expected`` (what this run wrote), naming the file and
+    counting entries, never showing a key. Asked before HAProxy reloads: what it would load is what was meant."""
+    found, meant = _entries(text), _entries(expected)
+    if found == meant:
+        return []
+    return [
+        f"{path} holds {len(found)} entries where this run wrote {len(meant)}, or other ones: HAProxy is not "
+        "reloaded; write it again with this role (and see who else writes it)"
+    ]

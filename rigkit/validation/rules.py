@@ -36,6 +36,8 @@ from rigkit.inventory_files import Sources, show
 from rigkit.validation.compat import ROLES as COMPAT_ROLES
 from rigkit.validation.compat import Lookup, archive_findings, compat_findings
 from rigkit.validation.variables import (
+    API_KEY_RE,
+    API_KEY_SHAPE,
     COMMIT_RE,
     COMPUTE_CAPABILITY_RE,
     CUDA_ARCHITECTURES_RE,
@@ -428,6 +430,7 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
             "llama_server_api_key), or bind 127.0.0.1",
         )
     _check_tls(report, values)
+    _check_api_keys(report, values)
     for variable, value, why in node_exporter_problems(values):
         report.add(variable, HIDDEN if variable == "node_exporter_password" else value, why)
     _check_cors(report, values.get("llama_server_cors_origins"))
@@ -439,6 +442,31 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
     _check_image_inputs(report, values)
     _check_models(report, rig, values, catalog)
     _check_trained_context(report, values, catalog)
+
+
+# ------------------------------------------------------------------------------------------------- API keys
+API_KEYS = ("llama_server_api_key", "fleet_gateway_api_key")
+
+
+def api_key_problem(variable: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the API key ``variable`` (never showing it), or None. The rigs' rule (validation
+    play) and the gateway's (roles/fleet_gateway/tasks/validate.yml, filter fleet_api_key_problem) alike."""
+    if isinstance(value, str) and API_KEY_RE.match(value):
+        return None
+    kind = "a string" if isinstance(value, str) else type(value).__name__
+    ends = " ending in a newline" if isinstance(value, str) and value.endswith("\n") else ""
+    return (
+        f"expected {API_KEY_SHAPE} (got {kind}{ends}, {len(str(value))} characters); generate one with "
+        f"`openssl rand -hex 32 | tr -d '\\n' | ansible-vault encrypt_string --stdin-name {variable}`"
+    )
+
+
+def _check_api_keys(report: Report, values: Mapping[str, Any]) -> None:
+    """A key that is set has the one shape every key file, env file and header carries whole (empty: no key)."""
+    for variable in API_KEYS:
+        value = values.get(variable)
+        if value not in (None, "") and (why := api_key_problem(variable, value)):
+            report.add(variable, HIDDEN, why)
 
 
 CORS_ORIGIN_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?")

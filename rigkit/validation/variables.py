@@ -94,6 +94,11 @@ COMPUTE_CAPABILITY_RE = re.compile(r"^[0-9]+\.[0-9]\Z")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 CUDA_ARCHITECTURES_RE = re.compile(r"^[0-9]+(-real|-virtual)?(;[0-9]+(-real|-virtual)?)*\Z")
+# Every API key (a rig's llama_server_api_key, the gateway's fleet_gateway_api_key): one token of printable ASCII, as an
+# env file line, a key file line and an Authorization header carry it whole; \Z, so a final newline is refused; no
+# leading # (a comment in HAProxy's key file).
+API_KEY_RE = re.compile(r"^(?!#)[\x21-\x7e]{16,256}\Z")
+API_KEY_SHAPE = "16 to 256 printable ASCII characters, no spaces or newlines, not starting with #"
 
 # Integer ranges the specs' types cannot say: (lowest, highest or None, what is accepted). The preflight's budget and
 # headroom (auto or MiB) have theirs with their auto rule, in module_utils/preflight/memory.py MEMORY_SETTINGS.

@@ -123,3 +123,59 @@ def test_the_mirror_refuses_a_path_with_a_trailing_newline() -> None:
 @pytest.mark.parametrize("name", ["rig\n", "rig\nx"])
 def test_discover_refuses_a_host_name_with_a_newline(name: str) -> None:
     assert discover.HOST_NAME_RE.match(name) is None and discover.HOST_NAME_RE.fullmatch(name) is None
+
+
+# ------------------------------------------------------------------------------- the YAML checks and the API keys
+# A Jinja `match`/`regex`/`search` test whose pattern ends in `$` lets a value ending in a newline through.
+YAML_CHECK_RE = re.compile(r"""\b(?:match|regex|search)\(\s*(['"])(?P<pattern>.*?)\1""")
+# Checks in files another change owns (their proof receipts hash them); each is a known, listed exception.
+FROZEN = {
+    "roles/cuda/tasks/plan.yml": ["^[0-9]+\\.[0-9]+$"],
+}
+
+
+def _unanchored_yaml_checks() -> dict[str, list[str]]:
+    from rigkit import REPO
+
+    found: dict[str, list[str]] = {}
+    for path in sorted([*REPO.glob("roles/**/*.yml"), *REPO.glob("playbooks/**/*.yml")]):
+        for match in YAML_CHECK_RE.finditer(path.read_text(encoding="utf-8")):
+            # (?m): a search for one line of a command's output, where `$` is that line's end by design
+            if match["pattern"].endswith("$") and not match["pattern"].startswith("(?m)"):
+                found.setdefault(str(path.relative_to(REPO)), []).append(match["pattern"])
+    return found
+
+
+def test_no_yaml_check_ends_its_pattern_in_a_dollar() -> None:
+    """Every match/regex/search check of the roles and playbooks ends in \\Z (or moved into the Python rules)."""
+    assert _unanchored_yaml_checks() == FROZEN
+
+
+def test_the_scan_finds_a_dollar_check() -> None:
+    assert YAML_CHECK_RE.search("x is match('^[a-z]+$')")["pattern"] == "^[a-z]+$"
+    assert YAML_CHECK_RE.search('x is regex("^[a-z]+\\Z")')["pattern"] == "^[a-z]+\\Z"
+
+
+@pytest.mark.parametrize("key", ["k" * 32 + "\n", "k" * 32 + "\nclient", "k" * 15, "k" * 257, "two words " * 3])
+def test_a_rig_api_key_of_another_shape_is_refused_without_showing_it(key: str) -> None:
+    """A rig's key goes into its env file and the gateway's key map: 16 to 256 printable characters, nothing else."""
+    report = _report()
+    _check_rules(report, "rig", {"llama_server_api_key": key, "llama_server_host": "192.0.2.7"}, {})
+    problems = [problem for problem in report.problems if "llama_server_api_key is" in problem]
+    assert len(problems) == 1, report.problems
+    assert key.strip() not in problems[0] and "16 to 256 printable" in problems[0]
+
+
+def test_a_well_formed_rig_api_key_passes() -> None:
+    report = _report()
+    _check_rules(report, "rig", {"llama_server_api_key": "k" * 24 + "-_.~+/=!", "llama_server_host": "192.0.2.7"}, {})
+    assert report.problems == []
+
+
+@pytest.mark.parametrize("variable", ["llama_server_api_key", "fleet_gateway_api_key"])
+def test_an_api_key_starting_with_a_hash_is_refused(variable: str) -> None:
+    """The gateway's client key file is an HAProxy pattern file, where a line starting with # is a comment: such a
+    key would be dropped from it without a word."""
+    report = _report()
+    _check_rules(report, "rig", {variable: "#" + "k" * 31, "llama_server_host": "192.0.2.7"}, {})
+    assert any(f"{variable} is" in problem for problem in report.problems), report.problems

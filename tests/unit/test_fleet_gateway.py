@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from rigkit.fleet.gateway import alias_of, models_list, plan, upstream
+from rigkit.fleet.gateway import (
+    KeyFileError,
+    alias_of,
+    client_keys_file,
+    key_file_problems,
+    models_list,
+    plan,
+    rig_keys_file,
+    upstream,
+)
 from tests.support import group_vars
 
 CATALOG = group_vars("all/model_catalog")["model_catalog"]
@@ -69,11 +78,11 @@ def test_a_rig_serving_plain_http_on_the_lan_is_refused():
     assert "inventory/host_vars/laptop.yml" in problems[0]
 
 
-@pytest.mark.parametrize("key", ["short", "has a space in it somewhere", "x" * 257])
+@pytest.mark.parametrize("key", ["short", "has a space in it somewhere", "x" * 257, "x" * 32 + "\n"])
 def test_a_rig_key_the_gateway_cannot_send_is_refused(key):
     rig = {**MTP, "llama_server_api_key": key}
     found, problems = upstream("sandbox-mtp", rig, CATALOG, shares_network=True, gateway="fleet")
-    assert found is None and "llama_server_api_key must be 16 to 256 printable characters" in problems[0]
+    assert found is None and "llama_server_api_key must be 16 to 256 printable ASCII characters" in problems[0]
 
 
 def test_aliases_come_from_the_catalog_and_rigs_serving_one_alias_share_it():
@@ -120,3 +129,29 @@ def test_a_catalog_alias_is_for_targets_and_well_formed():
     target = dict(CATALOG["tiny-gemma4-target"])
     assert not entry_problems("x", target)
     assert any("alias" in problem for problem in entry_problems("x", {**target, "alias": "Has Space"}))
+
+
+KEY = "gw-client-key-" + "7f3a" * 5
+
+
+@pytest.mark.parametrize("key", [KEY + "\n", KEY + "\nclient", f"{KEY} client", KEY[:15], "x" * 257, None, 12345])
+def test_the_client_key_file_refuses_anything_but_one_token(key):
+    with pytest.raises(KeyFileError) as refused:
+        client_keys_file(key, "fleet")
+    assert "fleet_gateway_api_key" in str(refused.value) and "inventory/host_vars/fleet.yml" in str(refused.value)
+    assert KEY not in str(refused.value)
+
+
+def test_key_files_hold_one_token_per_key_and_are_read_back_as_haproxy_reads_them():
+    client = client_keys_file(KEY, "fleet")
+    assert [line for line in client.splitlines() if not line.startswith("#")] == [KEY]
+    rigs = rig_keys_file([{"rig": "desktop", "api_key": "k" * 32}, {"rig": "sandbox", "api_key": ""}])
+    assert [line for line in rigs.splitlines() if not line.startswith("#")] == ["desktop " + "k" * 32]
+    with pytest.raises(KeyFileError):
+        rig_keys_file([{"rig": "desktop", "api_key": "k" * 32 + "\n"}])
+    with pytest.raises(KeyFileError):
+        rig_keys_file([{"rig": "two words", "api_key": "k" * 32}])
+    assert key_file_problems(client, client, "/etc/haproxy/rigkit/client-keys.lst") == []
+    # a file that holds one more line than was written is caught before the reload, without showing a key
+    problems = key_file_problems(client + "client\n", client, "/etc/haproxy/rigkit/client-keys.lst")
+    assert len(problems) == 1 and "client-keys.lst holds 2 entries" in problems[0] and KEY not in problems[0]

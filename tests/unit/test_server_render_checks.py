@@ -17,6 +17,10 @@ HOSTS: dict[str, dict[str, Any]] = {
     "good": {"llama_server_api_key": KEY, "llama_server_host": "192.0.2.7"},
     "key_newline": {"llama_server_api_key": KEY + "\nLLAMA_ARG_HOST=0.0.0.0", "llama_server_host": "192.0.2.7"},
     "key_space": {"llama_server_api_key": "two words", "llama_server_host": "192.0.2.7"},
+    # what `openssl rand -hex 32 | ansible-vault encrypt_string --stdin-name` stores: the key and its newline
+    "key_trailing_newline": {"llama_server_api_key": KEY + "\n", "llama_server_host": "192.0.2.7"},
+    "instance_trailing_newline": {"llama_server_instance": "main\n"},
+    "host_trailing_newline": {"llama_server_host": "127.0.0.1\n"},
     "instance_newline": {"llama_server_instance": "main\nExecStartPre=/bin/touch /tmp/pwned"},
     "instance_path": {"llama_server_instance": "../../etc/x"},
     "host_newline": {"llama_server_host": "127.0.0.1\nLLAMA_API_KEY=known"},
@@ -65,6 +69,9 @@ def test_injection_is_refused_before_rendering(rendered: tuple[Path, dict[str, A
     variable = {
         "key_newline": "llama_server_api_key",
         "key_space": "llama_server_api_key",
+        "key_trailing_newline": "llama_server_api_key",
+        "instance_trailing_newline": "llama_server_instance",
+        "host_trailing_newline": "llama_server_host",
         "instance_newline": "llama_server_instance",
         "instance_path": "llama_server_instance",
         "host_newline": "llama_server_host",
