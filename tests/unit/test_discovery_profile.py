@@ -494,8 +494,20 @@ def test_inventory_line_goes_under_its_group_once() -> None:
     assert add_inventory_line(hosts, "desktop3050", "gpu_rigs") == hosts
 
 
-def test_readme_adding_a_rig_starts_with_make_discover() -> None:
-    section = (REPO / "README.md").read_text().split("### Adding a rig\n", 1)[1].split("\n### ", 1)[0]
-    first_command = next(line for line in section.splitlines() if line.startswith("make "))
+def section(path: str, heading: str) -> str:
+    """The text under a markdown heading (`## Title`), up to the next heading of the same level."""
+    level = heading.split(" ", 1)[0]
+    return (REPO / path).read_text().split(f"{heading}\n", 1)[1].split(f"\n{level} ", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("path", "heading"),
+    [("README.md", "## Your GPU rig"), ("docs/rigs.md", "## Adding a rig")],
+)
+def test_adding_a_rig_starts_with_make_discover(path: str, heading: str) -> None:
+    """The README's GPU rig steps and the full walkthrough in docs/ both begin with `make discover`, before any
+    host_vars file is written by hand."""
+    text = section(path, heading)
+    first_command = next(line for line in text.splitlines() if line.startswith("make "))
     assert first_command.startswith("make discover host=")
-    assert section.index("make discover") < section.index("host_vars")
+    assert text.index("make discover") < text.index("host_vars")
