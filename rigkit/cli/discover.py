@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+from ansible.module_utils.printable import printable
+
 from rigkit import REPO
 from rigkit.paths import CATALOG
 
@@ -42,7 +44,8 @@ def gather(address: str, user: str | None) -> str:
     except subprocess.TimeoutExpired:
         raise DiscoverError(f"{how} did not answer within {DISCOVER_TIMEOUT_S} s: {fix}") from None
     if done.returncode != 0 and "@@end" not in done.stdout:
-        detail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        # the machine's (or ssh's) own words, shown, never interpreted by the terminal
+        detail = [printable(line, 300) for line in (done.stderr or done.stdout).strip().splitlines()[-3:]]
         raise DiscoverError(f"cannot reach the machine ({how} exited {done.returncode}: {' / '.join(detail)}): {fix}")
     return done.stdout
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ansible.module_utils.printable import printable
+
 from rigkit.validation.rules import role_defaults
 
 
@@ -314,7 +316,7 @@ def parse_gather(text: str) -> Facts:
     if "end" not in part:
         raise DiscoverError(
             "the machine's answer stopped early (no @@end marker): it needs a POSIX shell with cat, uname, df and "
-            "nproc; the output was:\n" + text[-2000:]
+            "nproc; the output was:\n" + "\n".join(printable(line, 300) for line in text[-2000:].splitlines())
         )
     osr = parse_os_release(part.get("os-release", ""))
     kernel = part.get("kernel", "").split()

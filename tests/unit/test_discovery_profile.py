@@ -6,6 +6,7 @@ contacted; bad input ends in a message that says what was found and what to do."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -386,6 +387,28 @@ def test_unreachable_address_says_what_to_check(inventory_copy: Path) -> None:
     assert "cannot reach the machine (SSH to far-away.invalid exited 255" in done.output
     assert "ssh-copy-id far-away.invalid" in done.output
     assert not (inventory_copy / "host_vars/far.yml").exists()
+
+
+# A window title, a screen clear and a carriage return: what a hostile machine (or its sshd banner) can print.
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\rowned"
+
+
+def test_what_ssh_says_of_an_unreachable_machine_is_shown_not_obeyed(inventory_copy: Path, tmp_path: Path) -> None:
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nprintf '{ESCAPES}\\n' >&2\nexit 255\n")
+    fake.chmod(0o755)
+    argv = ["python", "bin/rigkit", "discover", "far", "far-away.invalid", "--inventory-dir", str(inventory_copy)]
+    done = run(argv, PATH=f"{fake.parent}:{REPO / '.venv' / 'bin'}:{os.environ['PATH']}")
+    assert done.returncode == 1
+    assert "\x1b" not in done.output and "\r" not in done.output, repr(done.output)
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in done.output
+
+
+def test_an_answer_that_stops_early_is_shown_not_obeyed() -> None:
+    with pytest.raises(DiscoverError) as caught:
+        parse_gather(f"@@os-release\nNAME={ESCAPES}\n")
+    assert "\x1b" not in str(caught.value) and "\\x1b]0;pwned" in str(caught.value)
 
 
 def test_missing_container_says_what_to_check(inventory_copy: Path) -> None:
