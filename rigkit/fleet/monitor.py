@@ -133,6 +133,19 @@ def _host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
+# Every job's bounds on what a target may hand Prometheus (a rig is not trusted to be sane): a scrape over any of
+# them fails whole, as the target being down; no redirect takes a scrape (and its key) elsewhere. The kit's own
+# targets stay well inside: HAProxy's exporter serves ~130 KB, a node exporter a few thousand series.
+SCRAPE_LIMITS: dict[str, Any] = {
+    "sample_limit": 20000,
+    "label_limit": 64,
+    "label_name_length_limit": 128,
+    "label_value_length_limit": 1024,
+    "body_size_limit": "16MB",
+    "follow_redirects": False,
+}
+
+
 def prometheus_config(
     upstreams: list[Mapping[str, Any]],
     labels: Mapping[str, Mapping[str, str]],
@@ -185,6 +198,8 @@ def prometheus_config(
     if gateway_metrics:
         scrapes.append({"job_name": "fleet-gateway", "static_configs": [{"targets": [gateway_metrics]}]})
     scrapes.append({"job_name": "prometheus", "static_configs": [{"targets": [self_target]}]})
+    for job in scrapes:
+        job.update(SCRAPE_LIMITS)
     return {
         "global": {
             "scrape_interval": f"{interval_s}s",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigkit.fleet.monitor import alert_rules, bench_decode_rate, lock_labels, prometheus_config
+from rigkit.fleet.monitor import SCRAPE_LIMITS, alert_rules, bench_decode_rate, lock_labels, prometheus_config
 from rigkit.fleet.promtool import promtool
 from tests.support import CACHE_DIR
 
@@ -87,6 +87,8 @@ def test_the_generated_configuration_passes_promtool(tool: Path, tmp_path: Path)
     }
     assert desktop["authorization"] == {"type": "Bearer", "credentials_file": f"{tmp_path}/desktop3050"}
     assert "k" * 32 not in json.dumps(config)  # the key is named by file, never held
+    # what a rig serves is bounded on every job, the kit's own too
+    assert all(job.items() >= SCRAPE_LIMITS.items() for job in config["scrape_configs"])
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     checked = subprocess.run([str(tool), "check", "config", str(path)], capture_output=True, text=True, check=False)
