@@ -34,6 +34,9 @@ ATTACKER, CLIENT = "127.0.0.1", "127.0.0.2"
 # A third address, of a client the gateway has not counted yet: only the handshake deadline can drop its trickle.
 TRICKLER = "127.0.0.3"
 HANDSHAKE_DEADLINE = 5  # seconds, roles/fleet_gateway's fleet_gateway_timeout_handshake
+KEEP_ALIVE = 2  # seconds, its fleet_gateway_timeout_keep_alive
+# A client that keeps its answered connections open, as Python requests does for each response it keeps.
+KEEPER = "127.0.0.4"
 FLOOD = 300  # more than the gateway's 256 connections of today's main
 # The first bytes of a TLS ClientHello (record header, handshake type, part of its length): a handshake never ended.
 CLIENT_HELLO_HEAD = bytes.fromhex("160301020001") + bytes(58)
@@ -360,3 +363,24 @@ def test_a_completion_slower_than_the_handshake_deadline_still_arrives(gateway: 
     finally:
         StandInRig.delay = 0
     assert status == 200 and seconds >= 12
+
+
+def test_an_answered_connection_left_open_is_closed_after_the_keep_alive_timeout(gateway: Gateway):
+    """A client that keeps every answered socket (requests does, per response kept) holds a per-source slot for
+    the keep-alive timeout only, not until its handshake or client timeout."""
+    context = ssl.create_default_context(cafile=gateway.cert)
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", gateway.port, source_address=(KEEPER, 0), context=context, timeout=10
+    )
+    try:
+        connection.request("GET", "/health")
+        answer = connection.getresponse()
+        assert answer.status == 200 and answer.read()
+        answered = time.monotonic()
+        assert connection.sock is not None, "the gateway closed the connection with its answer"
+        closed = closed_by_gateway(connection.sock, KEEP_ALIVE + 4)
+        seconds = time.monotonic() - answered
+    finally:
+        connection.close()
+    print(f"answered connection closed by the gateway after {seconds:.2f} s idle")
+    assert closed and KEEP_ALIVE - 0.5 < seconds < KEEP_ALIVE + 2
