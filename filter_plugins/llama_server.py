@@ -23,6 +23,14 @@ from ansible.module_utils.net_address import is_loopback, serves_tls
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset
 from ansible.module_utils.preflight.memory import BUDGET_VARIABLE, memory_budget_mib, memory_headroom_mib
 
+from rigkit.fleet.gateway import alias_of
+
+
+def _model_alias(catalog: Any, target: Any) -> str:
+    """The name the server answers to (--alias, /v1/models): the target's catalog alias, or its catalog key, the
+    same name the fleet gateway routes by; empty without a target."""
+    return alias_of(catalog, str(target)) if target else ""
+
 
 def _nft_allowlist(networks: Any, instance: str, port: Any) -> str:
     """The allow-list ruleset (nft -f) of one server instance; bad entries fail naming the variable."""
@@ -83,6 +91,7 @@ class FilterModule:
             "llama_server_nft_allowlist": _nft_allowlist,
             "llama_server_report_line": _report_line,
             "rigkit_is_loopback": is_loopback,
+            "rigkit_model_alias": _model_alias,
             "rigkit_serves_tls": serves_tls,
             "rigkit_server_tls_dir": tls_dir,
             "rigkit_server_container": container_name,

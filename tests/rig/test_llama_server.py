@@ -8,6 +8,7 @@ import time
 
 from ansible.module_utils.gpu_offload import NO_DEVICE, check
 
+from rigkit.fleet.gateway import alias_of
 from tests.support import model_catalog, not_applicable, role_defaults
 
 IMAGE_DEFAULTS = role_defaults("llamacpp_image")
@@ -65,6 +66,13 @@ def test_runs_the_pinned_drafter(rig):
 def test_journal_shows_the_drafter_loaded(rig):
     needs_drafter(rig)
     assert f"loading draft model '{rig.arg('--model-draft')}'" in rig.journal()
+
+
+def test_the_server_answers_to_its_catalog_alias(rig):
+    """/v1/models names the model as clients and the fleet gateway ask for it (the catalog's alias), not by path."""
+    alias = alias_of(CATALOG, rig.hostvars["models_target"])
+    assert rig.arg("--alias") == alias
+    assert [model["id"] for model in rig.call("/v1/models")["data"]] == [alias]
 
 
 def test_process_settings_equal_host_variables(rig):
