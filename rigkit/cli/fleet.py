@@ -23,7 +23,7 @@ def status(args: argparse.Namespace) -> int:
     import tempfile
 
     from rigkit.cli.plan import archive_notes
-    from rigkit.fleet.status import render, rows
+    from rigkit.fleet.status import never_set_up, render, rows
     from rigkit.validation.driver_support_rows import status_notes
 
     with tempfile.TemporaryDirectory(prefix="rigkit-status-") as scratch:
@@ -53,7 +53,9 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps({entry["cells"]["rig"]: entry["raw"] for entry in table}, indent=2, sort_keys=True))
     else:
         print(render(table, [*archive_notes(fleet), *status_notes(fleet)]))
-    unreachable = sorted(host for host, status in fleet.items() if not status.get("reachable"))
+    unreachable = sorted(
+        host for host, status in fleet.items() if not status.get("reachable") and not never_set_up(host, status)[0]
+    )
     if unreachable:
         print(f"rigkit status: unreachable: {', '.join(unreachable)}", file=sys.stderr)
         return 3

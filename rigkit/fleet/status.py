@@ -82,13 +82,36 @@ def _kernel(kernels: dict[str, Any] | None) -> str:
     return text + " !" if kernels.get("reboot_strands_gpu") else text
 
 
+def example_address(host: str) -> str:
+    """The placeholder address the kit's seed and example host_vars carry for a rig (inventory/host_vars/,
+    inventory/examples/): the owner replaces it with the machine's own."""
+    return f"{host}.local"
+
+
+def never_set_up(host: str, status: dict[str, Any]) -> tuple[str, str]:
+    """(state, what to do) of an unreachable rig that was never set up: a sandbox whose container was never
+    created, a rig still at its example address; ("", "") for a rig that was, and is down."""
+    if status.get("reachable"):
+        return "", ""
+    if str(status.get("connection", "")).endswith("docker") and "No such container" in str(status.get("error", "")):
+        return "not created", f"make provision host={host} creates it"
+    if status.get("address") == example_address(host):
+        return (
+            "not set up",
+            f"ansible_host is the example {example_address(host)}: set it in inventory/host_vars/{host}.yml",
+        )
+    return "", ""
+
+
 def row(host: str, status: dict[str, Any]) -> dict[str, Any]:
     """One rig's row: display strings plus the raw figures (for --json)."""
     expected = status.get("expected") or {}
     if not status.get("reachable"):
         cells = dict.fromkeys(COLUMNS, "")
-        cells.update(rig=host, reachable="no", service="unreachable")
-        return {"cells": cells, "raw": status}
+        state, todo = never_set_up(host, status)
+        cells.update(rig=host, reachable="-" if state else "no", service=state or "unreachable")
+        # its note says what to do; the connection's own words are for a rig that is down
+        return {"cells": cells, "raw": {**status, "error": todo} if state else status}
     deployed = status.get("deployed") or {}
     gpu = deployed.get("gpu")
     want_gpu = expected.get("gpu") or {}

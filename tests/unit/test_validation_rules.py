@@ -605,23 +605,39 @@ def test_the_validation_play_runs_whatever_the_tags(tmp_path, recorder):
         assert recorder.attempts == 0
 
 
-def test_status_shows_an_absent_sandbox_as_unreachable_and_exits_3(tmp_path):
-    """A sandbox rig whose container does not exist: one unreachable row, the table printed, exit 3."""
+def test_status_tells_rigs_never_set_up_from_a_rig_that_is_down(tmp_path):
+    """A sandbox whose container was never created and a rig still at its example address are rows that say what
+    to do, not errors; a rig whose address refuses SSH is unreachable, and only it makes status exit 3."""
     inventory = tmp_path / "inventory"
     shutil.copytree(REPO / "inventory", inventory, ignore=shutil.ignore_patterns("examples", "rigs.lock.json"))
-    hosts = {"all": {"children": {"rigs": {"children": {"sandbox_rigs": {"hosts": {"absent-rig": None}}}}}}}
+    rigs = {"absent-rig": None, "example-rig": None, "down-rig": None}
+    hosts = {"all": {"children": {"rigs": {"children": {"sandbox_rigs": {"hosts": rigs}}}}}}
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     rig = yaml.safe_load((REPO / "inventory/host_vars/sandbox-mtp.yml").read_text())
-    rig["ansible_host"] = f"rigkit-validate-absent-{tmp_path.name}"  # no such container exists
-    (inventory / "host_vars" / "absent-rig.yml").write_text(yaml.safe_dump(rig))
+    over_ssh = {"ansible_connection": "ssh", "ansible_user": "nobody"}
+    for name, values in {
+        "absent-rig": {"ansible_host": f"rigkit-validate-absent-{tmp_path.name}"},  # no such container exists
+        "example-rig": {**over_ssh, "ansible_host": "example-rig.local"},
+        "down-rig": {**over_ssh, "ansible_host": "127.0.0.1", "ansible_port": 1},  # nothing listens there
+    }.items():
+        (inventory / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump({**rig, **values}))
     env = {"ANSIBLE_INVENTORY": str(inventory / "hosts.yml"), "RIGKIT_CACHE_DIR": str(tmp_path / "cache")}
-    direct = run(["python", "bin/rigkit", "status", "--limit", "absent-rig"], **env)
-    assert direct.returncode == 3, direct.tail()
-    table = [line.split() for line in direct.output.splitlines() if line.startswith("absent-rig ")]
-    assert table and table[0][1] == "no" and "unreachable" in table[0], direct.output
-    assert "rigkit status: unreachable: absent-rig" in direct.output
-    made = run(["make", "--no-print-directory", "status", "host=absent-rig"], **env)
-    assert re.search(r"\[Makefile:\d+: status\] Error 3$", made.output, re.M), made.tail()
+    direct = run(["python", "bin/rigkit", "status", "--limit", "absent-rig,example-rig"], **env)
+    assert direct.returncode == 0, direct.tail()
+    table = {
+        line.split()[0]: line.split() for line in direct.output.splitlines() if line.endswith("-rig") or "-rig " in line
+    }
+    assert table["absent-rig"][1:] == ["-", "not", "created"], direct.output
+    assert table["example-rig"][1:] == ["-", "not", "set", "up"], direct.output
+    assert "absent-rig: make provision host=absent-rig creates it" in direct.output
+    assert (
+        "example-rig: ansible_host is the example example-rig.local: set it in inventory/host_vars/example-rig.yml"
+        in direct.output
+    )
+    assert "\\x0a" not in direct.output and "unreachable" not in direct.output
+    down = run(["make", "--no-print-directory", "status", "host=down-rig,absent-rig"], **env)
+    assert "rigkit status: unreachable: down-rig" in down.output, down.tail()
+    assert re.search(r"\[Makefile:\d+: status\] Error 3$", down.output, re.M), down.tail()
 
 
 # ------------------------------------------------------------------ the rules themselves, in process (fast)
