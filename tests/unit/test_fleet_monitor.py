@@ -12,7 +12,7 @@ import yaml
 
 from rigkit.fleet.monitor import SCRAPE_LIMITS, alert_rules, bench_decode_rate, lock_labels, prometheus_config
 from rigkit.fleet.promtool import promtool
-from tests.support import CACHE_DIR
+from tests.support import CACHE_DIR, REPO
 
 UPSTREAMS = [
     {
@@ -437,3 +437,38 @@ def test_a_node_exporters_port_is_9100_on_a_rig_of_its_own_and_beside_the_server
     node, _ = node_target("sandbox-mtp", {"rig_kind": "sandbox", "llama_server_port": 18081}, shares_network=True,
                           host="fleet")  # fmt: skip
     assert node["port"] == 19081
+
+
+# A capability URL: whoever reads it can post alerts (or read the channel); it is a secret like a key.
+WEBHOOK = "https://ntfy.example/rigkit-alerts-3f9c1e7a5b2d4c6e"
+
+
+def test_the_alert_webhook_url_stays_out_of_diffs_and_verbose_output(tmp_path: Path):
+    """The role's own task that writes alertmanager.yml, run with --check --diff -vvv and then for real with -vvv:
+    the URL reaches the file and nothing printed (its owner, group and amtool check are this machine's to lack)."""
+    tasks = yaml.safe_load((REPO / "roles" / "fleet_monitor" / "tasks" / "config.yml").read_text())
+    task = next(task for task in tasks if task.get("name") == "Write alertmanager.yml")
+    task.pop("notify", None)
+    for key in ("owner", "group", "validate"):
+        task["ansible.builtin.copy"].pop(key)
+    written = tmp_path / "alertmanager.yml"
+    task["ansible.builtin.copy"]["dest"] = str(written)
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": {
+                "fleet_monitor_webhook_url": WEBHOOK,
+                "ansible_python_interpreter": str(REPO / ".venv" / "bin" / "python"),
+            },
+            "tasks": [task],
+        }
+    ]
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump(play))
+    base = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-vvv", str(playbook)]
+    for extra in (["--check", "--diff"], ["--diff"]):
+        done = subprocess.run([*base, *extra], capture_output=True, text=True, check=False, cwd=REPO)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "rigkit-alerts" not in done.stdout + done.stderr, extra
+    assert WEBHOOK in written.read_text()

@@ -19,3 +19,14 @@ def test_every_secret_input_of_every_role_is_no_log():
                         missing.append(f"{spec.relative_to(REPO)} {entry}: {name}")
     assert {"models_hf_token", "models_mirror_secret", "llama_server_api_key"} <= set(secret)
     assert not missing, "secret inputs without no_log: true:\n" + "\n".join(missing)
+
+
+# Secrets not named like one: a URL that is itself a capability (whoever holds it posts to the channel).
+CAPABILITIES = {"roles/fleet_monitor/meta/argument_specs.yml": "fleet_monitor_webhook_url"}
+
+
+def test_capability_urls_are_no_log_too():
+    for path, name in CAPABILITIES.items():
+        points = yaml.safe_load((REPO / path).read_text())["argument_specs"].values()
+        declared = [point["options"][name] for point in points if name in (point.get("options") or {})]
+        assert declared and all(option.get("no_log") is True for option in declared), f"{path}: {name}"
