@@ -27,6 +27,7 @@ BENCH_ENTRY_POINTS = (("llama_bench", "main"),)
 COMMON_ENTRY_POINTS = (*PROVISION_ENTRY_POINTS, *BENCH_ENTRY_POINTS)
 ENTRY_POINTS: dict[str, tuple[tuple[str, str], ...]] = {
     "gpu": (
+        ("rig_power", "main"),
         ("nvidia_driver", "main"),
         ("nvidia_container_toolkit", "main"),
         ("cuda", "main"),
