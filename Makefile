@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # keep 2 cores busy; tests/conftest.py keeps the tests that share a rig in one worker.
 TEST_WORKERS ?= 3
 
-.PHONY: help setup discover provision check verify rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan observe fleet-graph
+.PHONY: help setup discover provision check verify logs rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan observe fleet-graph
 
 help: ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -55,6 +55,10 @@ check: setup ## drift check: check + diff, exit 2 and summarise when the rig dif
 verify: setup ## prove a provisioned rig with the rig suite (testinfra: the pinned models, the drafter loaded, acceptance): make verify host=NAME
 	@$(BIN)/python bin/rigkit check-host '$(host)'
 	$(if $(wildcard .vault_pass),ANSIBLE_VAULT_PASSWORD_FILE='$(CURDIR)/.vault_pass',) $(BIN)/pytest -q -p no:cacheprovider tests/rig --hosts='ansible://$(host)' --ansible-inventory=inventory/hosts.yml $(PYTEST_ARGS)
+
+logs: setup ## the last lines of a rig's llama-server journal: make logs host=NAME [lines=N]
+	@$(BIN)/python bin/rigkit check-host '$(host)'
+	@$(BIN)/python bin/rigkit logs --limit '$(host)' $(if $(lines),--lines '$(lines)',) -- $(VAULT_ARGS) $(ARGS)
 
 rebuild: setup ## wipe the rig's server, image and models, provision from scratch, compare with the lock: make rebuild host=NAME
 	@$(BIN)/python bin/rigkit check-host '$(host)'

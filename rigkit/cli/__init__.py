@@ -16,6 +16,8 @@ rigkit tune NAME [--report PATH]
                          apply the best measured draft length to the host's variables (when it beats the noise)
 rigkit status [--limit RIGS] [--json]
                          read back every rig and print one table (exit 3: a rig unreachable)
+rigkit logs --limit RIGS [--lines N]
+                         the last lines of each rig's llama-server journal
 rigkit drift --limit RIGS
                          the provision in check + diff mode; exit 2 when a rig differs from the repo
 rigkit sandbox-hub --root DIR [--only NAME,...]
@@ -40,6 +42,7 @@ from rigkit.cli import (
     fleet,
     fleet_graph,
     inventory,
+    logs,
     mirror,
     observe,
     pin,
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rigkit", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (
-        inventory, pin, mirror, sandbox_hub, bench, fleet, discover, plan, proof, observe, fleet_graph,
+        inventory, logs, pin, mirror, sandbox_hub, bench, fleet, discover, plan, proof, observe, fleet_graph,
     ):  # fmt: skip
         module.register(commands)
     args = parser.parse_args(argv)

@@ -87,3 +87,13 @@ def test_sandbox_runs_its_own_engine(sandbox_provisioned):
     assert result.output.strip() == "active"
     result = run(["docker", "exec", "rigkit-sandbox", "docker", "info", "--format", "{{.ServerVersion}}"])
     assert result.returncode == 0 and result.output.strip().startswith("20.10.24")
+
+
+def test_make_logs_prints_the_servers_journal(sandbox_provisioned):
+    done = run(["make", "--no-print-directory", "logs", "host=sandbox", "lines=40"], log_name="logs-sandbox")
+    assert done.returncode == 0, done.tail()
+    header = "== sandbox: llama-server's journal, last 40 lines"
+    lines = done.output.split(header + "\n", 1)[1].splitlines()
+    assert 0 < len(lines) <= 40, done.output
+    assert any("llama-server" in line or "slot" in line or "srv" in line for line in lines), done.output
+    assert "\x1b" not in done.output
