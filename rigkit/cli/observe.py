@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import subprocess
 
 from rigkit import REPO
 
@@ -77,9 +78,30 @@ def run(args: argparse.Namespace) -> int:
     if not hosts:
         print("rigkit observe: no host in group fleet_services: add one to inventory/hosts.yml (see README)")
         return 2
+    missing = []
     for host in hosts:
-        print("\n".join(describe(host, host_values(host, NAMES))))
-    return 0
+        values = host_values(host, NAMES)
+        container = str(values.get("ansible_host") or host)
+        if values.get("ansible_connection") == "community.docker.docker" and not container_runs(container):
+            print(
+                f"fleet services on {host}: not created (no running container {container}). They front the "
+                f"sandbox rigs: make provision host=sandbox-mtp, then make provision host={host}"
+            )
+            missing.append(host)
+            continue
+        print("\n".join(describe(host, values)))
+    return 3 if missing else 0
+
+
+def container_runs(name: str) -> bool:
+    """Whether this machine's Docker engine runs the container (a sandbox fleet host lives there)."""
+    try:
+        done = subprocess.run(
+            ["docker", "inspect", "--format", "{{.State.Running}}", name], capture_output=True, text=True, check=False
+        )
+    except FileNotFoundError:
+        return False
+    return done.returncode == 0 and done.stdout.strip() == "true"
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -12,7 +12,7 @@ import yaml
 
 from rigkit.fleet.monitor import SCRAPE_LIMITS, alert_rules, bench_decode_rate, lock_labels, prometheus_config
 from rigkit.fleet.promtool import promtool
-from tests.support import CACHE_DIR, REPO
+from tests.support import CACHE_DIR, REPO, run
 
 UPSTREAMS = [
     {
@@ -222,6 +222,20 @@ def test_observe_prints_a_curl_that_reads_the_sandbox_key_and_the_ready_queries(
     assert all(query in lines for query in QUERIES.values())
     remote = "\n".join(describe("nas", {"ansible_host": "nas.lan", "fleet_gateway_bind": "0.0.0.0"}))
     assert "ssh nas.lan sudo cat" in remote and "$FLEET_KEY" in remote and "https://nas.lan:8443" in remote
+
+
+def test_observe_without_the_sandbox_fleet_says_how_to_create_it_and_fails(tmp_path: Path):
+    """A fleet host in a container that does not run: no URL to a gateway that is not there, what to run, exit 3."""
+    hosts = {"all": {"children": {"fleet_services": {"hosts": {"absent-fleet": None}}}}}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    (tmp_path / "host_vars").mkdir()
+    container = f"rigkit-observe-absent-{tmp_path.name}"  # no such container exists
+    values = {"ansible_connection": "community.docker.docker", "ansible_host": container}
+    (tmp_path / "host_vars" / "absent-fleet.yml").write_text(yaml.safe_dump(values))
+    done = run(["python", "bin/rigkit", "observe"], ANSIBLE_INVENTORY=str(tmp_path / "hosts.yml"))
+    assert done.returncode == 3, done.output
+    assert f"fleet services on absent-fleet: not created (no running container {container})" in done.output
+    assert "make provision host=absent-fleet" in done.output and "https://" not in done.output
 
 
 def test_observe_names_the_certificate_the_gateway_role_writes():
