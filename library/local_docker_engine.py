@@ -59,11 +59,11 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_daemon_config import DaemonConfigError, merge_into_file
 
 
-def engine_version() -> str | None:
-    """Return the server version when an engine answers, else None."""
+def engine_answer() -> tuple[str | None, str]:
+    """(the server version when an engine answers, else None; what the client said otherwise)."""
     docker = shutil.which("docker")
     if docker is None:
-        return None
+        return None, ""
     try:
         proc = subprocess.run(
             [docker, "version", "--format", "{{.Server.Version}}"],
@@ -73,9 +73,28 @@ def engine_version() -> str | None:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return None
+        return None, "docker version did not answer within 20 s"
     version = proc.stdout.strip()
-    return version if proc.returncode == 0 and version else None
+    return (version, "") if proc.returncode == 0 and version else (None, proc.stderr.strip())
+
+
+def engine_version() -> str | None:
+    """Return the server version when an engine answers, else None."""
+    return engine_answer()[0]
+
+
+def refusal(said: str, is_root: bool) -> str | None:
+    """Why this user cannot have an engine here, with what to do: one runs but refuses this user, or starting
+    one needs root. None when starting one is this module's job."""
+    if "permission denied" in said.lower():
+        return (
+            "a Docker engine runs here but refuses this user (permission denied on its socket): run the kit as "
+            "root (sudo make ...) or add the user to the docker group (sudo usermod -aG docker $USER, then log in "
+            "again)"
+        )
+    if not is_root:
+        return "no Docker engine answers and starting one needs root: run the kit as root (sudo make ...)"
+    return None
 
 
 def systemd_is_init() -> bool:
@@ -114,11 +133,14 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    version = engine_version()
+    version, said = engine_answer()
     if version:
         module.exit_json(changed=False, server_version=version, started_by="none")
     if shutil.which("docker") is None:
         module.fail_json(msg="the docker client is not installed; install docker.io (Debian) first", started_by="none")
+    why = refusal(said, os.geteuid() == 0)
+    if why:
+        module.fail_json(msg=why, started_by="none")
     if module.check_mode:
         module.exit_json(changed=True, started_by="check_mode")
 
