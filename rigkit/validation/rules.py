@@ -174,6 +174,8 @@ def _plain_copy(value: Any) -> Any:
 def _check_type(name: str, option: Mapping[str, Any], value: Any) -> tuple[Any, str | None]:
     """(converted value, problem) with Ansible's ArgumentSpecValidator, as validate_argument_spec checks it."""
     spec = {key: option[key] for key in ("type", "choices", "elements", "no_log") if key in option}
+    if isinstance(value, bool) and option.get("type", "str") == "str":
+        return value, _bare_boolean(value, option)
     result = ArgumentSpecValidator({name: spec}).validate({name: _plain_copy(value)})
     if result.error_messages:
         text = result.error_messages[0]
@@ -181,6 +183,20 @@ def _check_type(name: str, option: Mapping[str, Any], value: Any) -> tuple[Any, 
             return value, f"expected one of {', '.join(str(c) for c in option['choices'])}"
         return value, f"expected {option.get('type', 'str')} ({text})"
     return result.validated_parameters.get(name, value), None
+
+
+# YAML 1.1 (Ansible's) reads these bare words as booleans; a string setting needs them quoted.
+BARE_BOOLEANS = {True: ("on", "yes", "true", "y"), False: ("off", "no", "false", "n")}
+
+
+def _bare_boolean(value: bool, option: Mapping[str, Any]) -> str:
+    """The problem of a boolean given to a string setting: most often a bare on/off/yes/no that YAML read as one."""
+    choices = [str(choice) for choice in option.get("choices", [])]
+    word = next((w for w in BARE_BOOLEANS[value] if w in choices), None)
+    accepted = f"expected one of {', '.join(choices)}" if choices else "expected a string"
+    if word:
+        return f'{accepted}; YAML reads a bare {word} as the boolean {str(value).lower()}: quote it: "{word}"'
+    return f"{accepted}; YAML read a bare word as the boolean {str(value).lower()}: quote the value"
 
 
 def _is_int(value: Any) -> bool:

@@ -212,6 +212,14 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         ['{file}: llama_server_flash_attn is "maybe"; expected one of on, off, auto'],
     ),
     (
+        "flash-attn-bare-on",
+        {"llama_server_flash_attn": True},  # what a bare `on` in a host_vars file reads as
+        [
+            "{file}: llama_server_flash_attn is true; expected one of on, off, auto; YAML reads a bare on as the boolean "
+            'true: quote it: "on"'
+        ],
+    ),
+    (
         "spec-type",
         {"llama_server_spec_type": "draft-eagle"},
         ['{file}: llama_server_spec_type is "draft-eagle"; expected one of none, draft-simple, draft-mtp'],
