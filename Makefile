@@ -8,6 +8,8 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# A task a rig skips prints nothing (the recap counts it); ANSIBLE_DISPLAY_SKIPPED_HOSTS=true shows them again.
+export ANSIBLE_DISPLAY_SKIPPED_HOSTS ?= false
 
 host ?= sandbox
 # Vault password for secrets (API keys, HF token): a file .vault_pass, never committed.
@@ -18,7 +20,7 @@ PYTEST_ARGS ?=
 # keep 2 cores busy; tests/conftest.py keeps the tests that share a rig in one worker.
 TEST_WORKERS ?= 3
 
-.PHONY: help setup discover provision check verify logs rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan observe fleet-graph
+.PHONY: help setup discover provision check verify logs remove rebuild image test lint harness hosts pin status bench bench-report tune clean gpu-bundle proofs plan observe fleet-graph
 
 help: ## list the targets
 	@grep -E '^[a-z%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -59,6 +61,10 @@ verify: setup ## prove a provisioned rig with the rig suite (testinfra: the pinn
 logs: setup ## the last lines of a rig's llama-server journal: make logs host=NAME [lines=N]
 	@$(BIN)/python bin/rigkit check-host '$(host)'
 	@$(BIN)/python bin/rigkit logs --limit '$(host)' $(if $(lines),--lines '$(lines)',) -- $(VAULT_ARGS) $(ARGS)
+
+remove: setup ## take the kit's server off a rig (server, image, models; a sandbox rig whole): make remove host=NAME
+	@$(BIN)/python bin/rigkit check-host '$(host)'
+	$(BIN)/ansible-playbook playbooks/remove.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
 
 rebuild: setup ## wipe the rig's server, image and models, provision from scratch, compare with the lock: make rebuild host=NAME
 	@$(BIN)/python bin/rigkit check-host '$(host)'

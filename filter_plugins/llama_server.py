@@ -83,6 +83,18 @@ def _report_line(report: Any, rig: str, instance: str, url: str, spec_type: str,
     )
 
 
+def _answer(report: Any, rig: str, instance: str, url: str, spec_type: str, canary_tokens: Any, keyed: Any) -> dict:
+    """What the run's closing summary (callback_plugins/rigkit.py) shows of one rig's server: its report line, where
+    it answers, whether a client needs its key, and the certificate to verify it against (TLS)."""
+    return {
+        "rig": rig,
+        "line": _report_line(report, rig, instance, url, spec_type, canary_tokens),
+        "url": url,
+        "keyed": bool(keyed),
+        "tls_cert": tls_cert_path(instance) if str(url).startswith("https://") else "",
+    }
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -90,6 +102,7 @@ class FilterModule:
             "llama_server_memory_headroom": _memory_headroom,
             "llama_server_nft_allowlist": _nft_allowlist,
             "llama_server_report_line": _report_line,
+            "llama_server_answer": _answer,
             "rigkit_is_loopback": is_loopback,
             "rigkit_model_alias": _model_alias,
             "rigkit_serves_tls": serves_tls,
