@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -174,6 +175,23 @@ def test_a_rig_stopped_in_the_middle_of_50_requests_loses_none_and_comes_back(ga
         assert ask(gateway, "tiny-gemma4").status_code == 200
     assert int(servers()[("model_tiny-gemma4", RIG)]["stot"]) > before, "the rig did not come back into rotation"
     print(f"50/50 answered; {RIG} out {taken_out:.1f} s after the stop, back {back:.1f} s after its start")
+
+
+def test_no_service_listened_before_the_roles_flags(gateway):
+    """Debian starts Prometheus, Alertmanager and the node exporter as their packages install, with the packages'
+    defaults (every interface); the roles keep them masked until their flags are written. Every listening line of
+    their journals, since the fresh containers' installs, shows one address: the flags'."""
+    services = {
+        "rigkit-gw-fleet": {"prometheus": True, "prometheus-alertmanager": True},
+        "rigkit-gw-tls-rig": {"prometheus-node-exporter": False},  # exposed with TLS and a password
+    }
+    for container, units in services.items():
+        for unit, loopback in units.items():
+            journal = in_container(container, "journalctl", "--no-pager", "--unit", unit).stdout
+            addresses = re.findall(r"listening\S*.*?address=(\S+)", journal, re.IGNORECASE)
+            assert addresses, f"{container} {unit}: no listening line in\n{journal[-1500:]}"
+            assert len(set(addresses)) == 1, f"{container} {unit} listened on {addresses}"
+            assert addresses[0].startswith("127.0.0.1:") or not loopback, addresses
 
 
 def test_second_converge_changes_nothing(gateway):
