@@ -213,3 +213,24 @@ def test_check_finds_no_drift_then_the_hand_edit(fleet):
     summary = drifted.output[drifted.output.index("rigkit drift summary:") :]
     assert f"{LAST}: DRIFT" in summary and "Write the unit" in summary
     assert "# edited by hand" in drifted.output  # the diff shows what differs
+
+
+def test_remove_leaves_nothing_of_the_rig_and_a_provision_brings_it_back(fleet):
+    """make remove on a sandbox rig: its server, image and models first (what a GPU rig gets), then its container
+    and Docker volume; a second remove finds nothing to do; the next provision converges it from scratch."""
+    container = RIGS[LAST]["ansible_host"]
+    removed = make("remove", f"host={LAST}", fleet=fleet, log="fleet-remove", results=True)
+    assert removed.returncode == 0, removed.tail(60)
+    assert removed.statuses(LAST, "models : Remove the models directory") == ["changed"]
+    assert removed.statuses(LAST, "llamacpp_image : Remove the image from the rig") == ["changed"]
+    inspect = ["docker", "inspect", container]
+    assert subprocess.run(inspect, capture_output=True, check=False).returncode != 0, "the rig container is still there"
+    volume = ["docker", "volume", "inspect", f"{container}-docker"]
+    assert subprocess.run(volume, capture_output=True, check=False).returncode != 0, "its Docker volume is still there"
+    again = make("remove", f"host={LAST}", fleet=fleet, log="fleet-remove-again")
+    assert again.returncode == 0, again.tail(40)
+    started = time.monotonic()
+    back = make("provision", f"host={LAST}", fleet=fleet, log="fleet-after-remove")
+    assert back.returncode == 0, back.tail(80)
+    assert health(LAST) == '{"status":"ok"}'
+    record_time(f"provision {LAST} after make remove", time.monotonic() - started)
