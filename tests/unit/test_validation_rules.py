@@ -215,8 +215,8 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         "flash-attn-bare-on",
         {"llama_server_flash_attn": True},  # what a bare `on` in a host_vars file reads as
         [
-            "{file}: llama_server_flash_attn is true; expected one of on, off, auto; YAML reads a bare on as the boolean "
-            'true: quote it: "on"'
+            "{file}: llama_server_flash_attn is true; expected one of on, off, auto; "
+            'YAML reads a bare on as the boolean true: quote it: "on"'
         ],
     ),
     (
