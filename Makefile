@@ -78,8 +78,8 @@ plan: setup ## a GPU rig's compatibility plan (image CUDA, driver, GPU, module f
 	@$(BIN)/python bin/rigkit check-host '$(host)'
 	$(BIN)/python bin/rigkit plan --host '$(host)'
 
-status: setup ## one table for the fleet (or host=NAME): GPU, driver, llama.cpp, models, service, drafting [json=1]
-	@$(BIN)/python bin/rigkit status --limit '$(if $(filter command line,$(origin host)),$(host),rigs)' $(if $(filter 1 yes true,$(json)),--json,) $(if $(ARGS),-- $(ARGS),)
+status: setup ## one table for the fleet (or host=NAME): state, model, URL, drafting [wide=1: GPU, driver, image... json=1]
+	@$(BIN)/python bin/rigkit status --limit '$(if $(filter command line,$(origin host)),$(host),rigs)' $(if $(filter 1 yes true,$(json)),--json,) $(if $(filter 1 yes true,$(wide)),--wide,) $(if $(ARGS),-- $(ARGS),)
 
 observe: setup ## the way into the fleet services: the gateway's URL and a curl that works, Prometheus, ready queries
 	@$(BIN)/python bin/rigkit observe

@@ -14,7 +14,7 @@ rigkit bench-report [--host NAME]
                          a table of past bench runs
 rigkit tune NAME [--report PATH]
                          apply the best measured draft length to the host's variables (when it beats the noise)
-rigkit status [--limit RIGS] [--json]
+rigkit status [--limit RIGS] [--json] [--wide]
                          read back every rig and print one table (exit 3: a rig unreachable)
 rigkit logs --limit RIGS [--lines N]
                          the last lines of each rig's llama-server journal

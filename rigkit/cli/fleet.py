@@ -52,7 +52,7 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({entry["cells"]["rig"]: entry["raw"] for entry in table}, indent=2, sort_keys=True))
     else:
-        print(render(table, [*archive_notes(fleet), *status_notes(fleet)]))
+        print(render(table, [*archive_notes(fleet), *status_notes(fleet)], wide=getattr(args, "wide", False)))
     unreachable = sorted(
         host for host, status in fleet.items() if not status.get("reachable") and not never_set_up(host, status)[0]
     )
@@ -100,6 +100,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     status_cmd.set_defaults(func=status)
     status_cmd.add_argument("--limit", default="rigs", help="rigs to read (default: all)")
     status_cmd.add_argument("--json", action="store_true", help="machine-readable output")
+    status_cmd.add_argument("--wide", action="store_true", help="every column (GPU, driver, kernel, image, ...)")
     status_cmd.add_argument("ansible_args", nargs="*", help="extra ansible-playbook arguments (after --)")
     drift_cmd = commands.add_parser("drift", help="check + diff provision; exit 2 when a rig differs from the repo")
     drift_cmd.set_defaults(func=drift)

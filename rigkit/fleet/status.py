@@ -1,7 +1,8 @@
 """`make status`: the fleet's table from what playbooks/status.yml read back (module rig_deployed).
 
 The same rows feed the terminal table and `--json`; a value that differs from what the inventory expects is
-marked with `!` so drift shows at a glance.
+marked with `!` so drift shows at a glance. The default table is the few columns a person reads (rig, state,
+model, URL, acceptance, tokens/s); `wide` shows every column (`make status wide=1`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ COLUMNS = (
     "draft/ctx",
     "acceptance",
     "decode t/s",
+    "url",
 )
+COMPACT_COLUMNS = ("rig", "state", "model", "url", "accept", "tok/s")
 # Shown when a fleet host's Prometheus answered (roles/fleet_monitor): the last hour, not the server's lifetime.
 HISTORY_COLUMNS = ("accept 1h", "t/s 1h")
 
@@ -109,7 +112,16 @@ def row(host: str, status: dict[str, Any]) -> dict[str, Any]:
     if not status.get("reachable"):
         cells = dict.fromkeys(COLUMNS, "")
         state, todo = never_set_up(host, status)
-        cells.update(rig=host, reachable="-" if state else "no", service=state or "unreachable")
+        cells.update(
+            rig=host,
+            reachable="-" if state else "no",
+            service=state or "unreachable",
+            state=state or "unreachable",
+            model="-",
+            url="-",
+            accept="-",
+            **{"tok/s": "-"},
+        )
         # its note says what to do; the connection's own words are for a rig that is down
         return {"cells": cells, "raw": {**status, "error": todo} if state else status}
     deployed = status.get("deployed") or {}
@@ -154,8 +166,41 @@ def row(host: str, status: dict[str, Any]) -> dict[str, Any]:
         if acceptance is not None
         else "-",
         "decode t/s": f"{server['decode_tps']:.1f}" if server.get("decode_tps") else "-",
+        "url": str(expected.get("url") or "-"),
     }
+    cells["model"] = _compact_model(models)
+    drafting = server.get("spec_types") not in (None, "none")
+    cells["accept"] = (
+        "-" if not server.get("answers") else f"{acceptance:.2f}" if drafting and acceptance is not None else "off"
+    )
+    cells["tok/s"] = cells["decode t/s"]
+    cells["state"] = _state(server, unit, container, differs=any("!" in value for value in cells.values()))
     return {"cells": cells, "raw": status}
+
+
+def _compact_model(models: dict[str, Any]) -> str:
+    """The target's name; ' (UNVERIFIED!)' when it or the drafter is not verified."""
+    target, drafter = models.get("target"), models.get("drafter")
+    if not target:
+        return "-"
+    unverified = any(found and found.get("sha256") and not found.get("verified") for found in (target, drafter))
+    return f"{target['name']} (UNVERIFIED!)" if unverified else str(target["name"])
+
+
+def _state(server: dict[str, Any], unit: dict[str, Any], container: dict[str, Any], *, differs: bool) -> str:
+    """One word a person reads first: serving (with its uptime), or what is wrong; ' !' when a wide column differs
+    from the inventory."""
+    if server.get("answers"):
+        text = "serving"
+        if unit.get("uptime_s") is not None:
+            text += f" {_uptime(unit['uptime_s'])}"
+        if container.get("health") not in (None, "", "healthy"):
+            text += f" ({container['health']})"
+    elif unit.get("active") in (None, "", "inactive"):
+        text = "stopped"
+    else:
+        text = f"{unit['active']}, not answering"
+    return text + " !" if differs else text
 
 
 def rows(
@@ -173,12 +218,14 @@ def rows(
     return table
 
 
-def render(table_rows: list[dict[str, Any]], archive_notes: Sequence[str] = ()) -> str:
+def render(table_rows: list[dict[str, Any]], archive_notes: Sequence[str] = (), *, wide: bool = False) -> str:
     """The table and its notes (``archive_notes``: what the controller says of the GPU rigs: the Debian archive on
     their pins and next kernel, rigkit.cli.plan.archive_notes; their driver branch's support,
-    rigkit.validation.driver_support_rows.status_notes)."""
+    rigkit.validation.driver_support_rows.status_notes). ``wide``: every column, else the compact few."""
     cells = [entry["cells"] for entry in table_rows]
-    columns = COLUMNS + tuple(column for column in HISTORY_COLUMNS if any(column in line for line in cells))
+    columns = (COLUMNS if wide else COMPACT_COLUMNS) + tuple(
+        column for column in HISTORY_COLUMNS if any(column in line for line in cells)
+    )
     # what the rigs report (GPU name, versions, errors) is shown with its control characters escaped
     cells = [{column: printable(line.get(column, "")) for column in columns} for line in cells]
     widths = {column: max([len(column), *(len(str(line[column])) for line in cells)]) for column in columns}
@@ -190,8 +237,10 @@ def render(table_rows: list[dict[str, Any]], archive_notes: Sequence[str] = ()) 
         if entry["raw"].get("error")
     ]
     notes += [printable(note) for note in archive_notes]
-    if any(str(line["kernel"]).endswith(" !") for line in cells):
+    every = [entry["cells"] for entry in table_rows]
+    if any(str(line.get("kernel", "")).endswith(" !") for line in every):
         notes.append("kernel !: the next boot starts a kernel without the NVIDIA module (`make provision host=NAME`)")
     if any("!" in str(value) for line in cells for value in line.values()):
-        notes.append("!: differs from what the inventory says (run `make check host=NAME` to see the drift)")
+        where = "" if wide else "`make status wide=1` shows where, "
+        notes.append(f"!: differs from what the inventory says ({where}`make check host=NAME` the change)")
     return "\n".join(lines + (["", *notes] if notes else []))

@@ -142,7 +142,17 @@ def test_lock_records_every_rig(fleet):
 
 
 def test_status_shows_all_three(fleet):
-    table = make("status", f"host={','.join(FLEET)}", fleet=fleet, log="fleet-status")
+    compact = make("status", f"host={','.join(FLEET)}", fleet=fleet, log="fleet-status")
+    assert compact.returncode == 0, compact.output
+    rows = {
+        line.split()[0]: line.split()
+        for line in compact.output.splitlines()
+        if line.split()[:1] and line.split()[0] in FLEET
+    }
+    assert sorted(rows) == sorted(FLEET)
+    for host, cells in rows.items():  # rig, serving, uptime, model, url, accept, tok/s
+        assert cells[1] == "serving" and cells[4].startswith("http") and float(cells[6]) > 0, (host, cells)
+    table = make("status", f"host={','.join(FLEET)}", "wide=1", fleet=fleet, log="fleet-status-wide")
     assert table.returncode == 0, table.output
     rows = {
         line.split()[0]: line for line in table.output.splitlines() if line.split()[:1] and line.split()[0] in FLEET
@@ -161,7 +171,7 @@ def test_status_shows_all_three(fleet):
         }, host
         if expected["spec_type"] != "none":
             assert str(running["draft_n_max"]) == str(expected["draft_n_max"]), host
-    assert " !" not in table.output, table.output
+    assert " !" not in table.output and " !" not in compact.output, table.output
 
 
 def test_broken_rig_stops_the_rollout_and_the_others_keep_serving(fleet):

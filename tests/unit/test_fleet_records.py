@@ -168,6 +168,7 @@ def status(**deployed_changes) -> dict:
             "ctx_size": 1024,
             "parallel": 1,
             "gpu": {},
+            "url": "http://127.0.0.1:8080",
         },
         "deployed": deployed(**deployed_changes),
     }
@@ -182,16 +183,38 @@ def test_status_row_for_a_healthy_rig():
     assert cells["draft/ctx"] == "3/1024x1"
     assert cells["acceptance"] == "0.10 (9/90)"
     assert cells["decode t/s"] == "41.5"
-    assert "!" not in render([row])
+    assert cells["state"] == "serving 1h02m" and cells["model"] == "tiny-gemma4-target" and cells["accept"] == "0.10"
+    assert "!" not in render([row]) and "!" not in render([row], wide=True)
+
+
+def test_status_is_compact_by_default_and_wide_on_request():
+    """The default shows what a person reads (state, model, URL, figures); wide=1 every column."""
+    (row,) = rows({"sandbox-mtp": status()})
+    compact, wide = render([row]).splitlines(), render([row], wide=True).splitlines()
+    assert compact[0].split() == ["RIG", "STATE", "MODEL", "URL", "ACCEPT", "TOK/S"]
+    assert compact[1].split() == [
+        "sandbox-mtp",
+        "serving",
+        "1h02m",
+        "tiny-gemma4-target",
+        "http://127.0.0.1:8080",
+        "0.10",
+        "41.5",
+    ]
+    assert max(len(line) for line in compact) <= 100, compact
+    assert "KERNEL" in wide[0] and "b11312-0c1e570" in wide[1] and "(healthy)" in wide[1]
 
 
 def test_status_marks_what_differs_from_the_inventory():
     off = status(server={**deployed()["server"], "speculative": False, "spec_types": "none"})
     unverified = status(models={"target": {"name": "t", "path": "/m", "sha256": SHA, "verified": False}})
-    table = render(rows({"a": off, "b": unverified}))
+    table = render(rows({"a": off, "b": unverified}), wide=True)
     assert "off/1024x1 !" in table
     assert "t (UNVERIFIED!)" in table
     assert "differs from what the inventory says" in table
+    compact = render(rows({"a": off, "b": unverified}))
+    assert "serving 1h02m !" in compact and " off " in compact and "t (UNVERIFIED!)" in compact
+    assert "`make status wide=1` shows where" in compact
 
 
 def test_status_shows_the_draft_length_the_server_runs_not_the_inventorys():
@@ -201,6 +224,7 @@ def test_status_shows_the_draft_length_the_server_runs_not_the_inventorys():
     container = {**deployed()["container"], "settings": server_settings(argv)}
     (row,) = rows({"sandbox-mtp": status(container=container)})
     assert row["cells"]["draft/ctx"] == "2/1024x1 !"
+    assert row["cells"]["state"].endswith(" !")
     assert "differs from what the inventory says" in render([row])
     other_ctx = server_settings([*RUNNING_ARGV, "--ctx-size=2048"])  # the last flag wins, as in llama.cpp
     (row,) = rows({"sandbox-mtp": status(container={**deployed()["container"], "settings": other_ctx})})
@@ -219,7 +243,9 @@ def test_server_settings_reads_both_spellings():
 
 
 def test_status_keeps_unreachable_rigs_with_the_reason():
-    table = render(rows({"far": {"reachable": False, "error": "ssh: no route to host", "expected": {}}}))
-    _header, line, _, note, *_ = table.splitlines()
+    down = rows({"far": {"reachable": False, "error": "ssh: no route to host", "expected": {}}})
+    _header, line, _, note, *_ = render(down, wide=True).splitlines()
     assert line.split()[:3] == ["far", "no", "unreachable"]
     assert note == "far: ssh: no route to host"
+    _header, line, _, note, *_ = render(down).splitlines()
+    assert line.split() == ["far", "unreachable", "-", "-", "-", "-"] and note == "far: ssh: no route to host"

@@ -200,7 +200,7 @@ def test_rig_reported_text_reaches_the_terminal_escaped():
 
     hostile = "RTX\x1b]0;pwned\x07\x1b[2J"
     cells = {**dict.fromkeys(COLUMNS, ""), "rig": "r1", "reachable": "yes", "gpu": hostile}
-    text = render([{"cells": cells, "raw": {"error": "boom\x1b[31m"}}])
+    text = render([{"cells": cells, "raw": {"error": "boom\x1b[31m"}}], wide=True)
     assert "\x1b" not in text and "\x07" not in text
     assert "RTX\\x1b]0;pwned\\x07\\x1b[2J" in text and "boom\\x1b[31m" in text
     report = json.loads(next(iter(sorted((REPO / "reports" / "bench").rglob("*.json")))).read_text())

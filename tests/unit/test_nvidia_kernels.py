@@ -113,7 +113,7 @@ def test_a_pending_reboot_into_a_kernel_without_the_driver_is_marked():
     stranded = kernels("6.1.0-50-amd64", "6.1.0-57-amd64", {"6.1.0-50-amd64"})
     assert _kernel(stranded) == "6.1.0-50-amd64 nvidia yes -> 6.1.0-57-amd64 nvidia NO !"
     status = {"reachable": True, "expected": {}, "deployed": {"kernels": stranded}}
-    table = render([row("desktop3050", status)])
+    table = render([row("desktop3050", status)], wide=True)
     assert "6.1.0-57-amd64 nvidia NO !" in table
     assert "kernel !: the next boot starts a kernel without the NVIDIA module" in table
 
