@@ -108,9 +108,10 @@ class CallbackModule(DefaultCallback):
         if not progress:
             super().v2_runner_retry(result)
             return
-        self._display.display(
-            f"  … [{self.host_label(result)}] {result.task_name or result.task}: {progress}", color=C.COLOR_DEBUG
-        )
+        # the task's own name, without its role's: the line fits 100 columns
+        task = str(result.task_name or result.task).rsplit(" : ", 1)[-1]
+        line = f"  … [{self.host_label(result)}] {task}: {progress}"
+        self._display.display(line if len(line) <= 100 else line[:99] + "…", color=C.COLOR_DEBUG)
 
     def v2_playbook_on_stats(self, stats: Any) -> None:
         super().v2_playbook_on_stats(stats)

@@ -8,7 +8,8 @@ module: background_job
 short_description: Start a long command detached, then report its progress on every poll until it ends
 description:
   - Starts O(argv) in its own session with its output in O(log), and returns at once with C(finished=false)
-    and a one-line C(progress) (elapsed time and the newest log line matching O(progress_patterns)).
+    and a one-line C(progress) (elapsed time and what O(progress_patterns) match in the newest lines, at most 60
+    characters).
   - "Called again with the same O(argv) and O(log), it attaches to that job instead of starting another, so a task
     with C(until: result.finished) and a C(delay) polls it, and the kit's stdout callback prints each C(progress)
     line: a build of many minutes shows what it is doing instead of staying silent."
@@ -33,7 +34,7 @@ options:
     type: dict
     default: {}
   progress_patterns:
-    description: Regular expressions; the newest log line matching each is shown in C(progress).
+    description: Regular expressions; what each matches in the newest line it matches is shown in C(progress).
     type: list
     elements: str
     default: []
@@ -147,15 +148,22 @@ def _elapsed(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+# What one progress line may add after the elapsed time: the callback's line fits 100 columns.
+PROGRESS_WIDTH = 60
+
+
 def progress_line(elapsed: float, log_lines: list[str], patterns: list[re.Pattern[str]]) -> str:
+    """``6m09s elapsed · Step 24/43 : RUN · [42%]``: the text each pattern matched in the newest line it matches
+    (not the whole line: cmake's are 300 characters with the percentage first); the newest line when none does."""
     parts = [f"{_elapsed(elapsed)} elapsed"]
     for pattern in patterns:
-        match = next((line for line in reversed(log_lines) if pattern.search(line)), None)
-        if match:
-            parts.append(match.strip()[:160])
+        found = next((hit for hit in map(pattern.search, reversed(log_lines)) if hit), None)
+        if found:
+            parts.append(" ".join(re.sub(r"\[\s+", "[", found.group(0)).split()))
     if len(parts) == 1 and log_lines:
-        parts.append(next((line.strip()[:160] for line in reversed(log_lines) if line.strip()), ""))
-    return " · ".join(part for part in parts if part)
+        parts.append(next((line.strip() for line in reversed(log_lines) if line.strip()), ""))
+    text = " · ".join(part for part in parts if part)
+    return text if len(text) <= PROGRESS_WIDTH else text[: PROGRESS_WIDTH - 1] + "…"
 
 
 def main() -> None:

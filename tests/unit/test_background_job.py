@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,12 +13,13 @@ from pathlib import Path
 from tests.support import REPO, run
 
 PLAYBOOK = "tests/unit/playbooks/background_job.yml"
-# A "build" that takes a few seconds and prints a step counter and a percentage, like docker build + cmake.
+# A "build" that takes a few seconds and prints a step counter and a percentage, like docker build + cmake (whose
+# lines run to 300 characters with the percentage first).
 SLOW_BUILD = (
     "import time,sys\n"
     "for step in range(1, 4):\n"
-    "    print(f'Step {step}/3 : RUN make', flush=True)\n"
-    "    print(f'[ {step * 33}%] Building CXX object obj{step}.o', flush=True)\n"
+    "    print(f'Step {step}/3 : RUN cmake --build build -j 2 --target llama-server' + ' x' * 40, flush=True)\n"
+    "    print(f'[ {step * 33}%] Building CXX object obj{step}.o' + '/ggml/src/ggml-cpu' * 15, flush=True)\n"
     "    time.sleep(1.2)\n"
     "sys.exit(int(sys.argv[1]))\n"
 )
@@ -35,9 +37,10 @@ def test_polls_print_progress_and_the_job_finishes(tmp_path):
     assert result.returncode == 0, result.tail()
     polls = [line for line in result.output.splitlines() if line.lstrip().startswith("… [localhost]")]
     assert len(polls) >= 2, result.output
-    # each poll line: the task, the elapsed time, the newest step and percentage seen in the log
+    # each poll line: the task, the elapsed time, the newest step and percentage seen in the log, in 100 columns
     assert all("Run the job (progress on every poll):" in line and " elapsed" in line for line in polls)
-    assert any("Step " in line and "%] Building CXX object" in line for line in polls), polls
+    assert any(re.search(r" elapsed · Step [1-3]/3 · \[(33|66|99)%\]$", line) for line in polls), polls
+    assert max(len(line) for line in polls) <= 100, polls
     assert "FAILED - RETRYING" not in result.output
     assert "rc=0" in result.output
     assert "Step 3/3" in log.read_text()
