@@ -29,7 +29,7 @@ rigkit proof NAME | --list | --check
                          run a heavy proof and write its receipt (reports/proofs/), or check every receipt
 rigkit observe           the fleet services' way in: the gateway's URL and a curl that works, Prometheus, queries
 rigkit fleet-graph --out PNG [--graph acceptance|decode_tps|gpu_temperature] [--range 30m]
-                         a picture of the fleet monitor's graph (headless Chromium on Prometheus's Graph page)
+                         a picture of the fleet monitor's graph (matplotlib, from Prometheus's query API)
 """
 
 from __future__ import annotations

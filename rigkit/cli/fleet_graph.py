@@ -1,22 +1,24 @@
-"""`rigkit fleet-graph` (make fleet-graph): a picture of the fleet monitor's graph of a ready query (draft acceptance
-per rig by default), Prometheus's own Graph page rendered by headless Chromium. What the README's fleet section
-shows, taken from the running sandbox fleet.
+"""`rigkit fleet-graph` (make fleet-graph): the fleet monitor's graph of a ready query (draft acceptance per rig by
+default) over time, drawn with matplotlib from Prometheus's query API (`/api/v1/query_range`). What the README's
+fleet section shows, taken from the running sandbox fleet.
 
     rigkit fleet-graph --out reports/fleet/acceptance.png [--graph acceptance] [--range 30m] [--host sandbox-fleet]
 
 Prometheus listens on the fleet host's loopback: a sandbox container shares this machine's, a remote host is
-reached through an SSH tunnel (--prometheus http://127.0.0.1:PORT).
+reached through an SSH tunnel (--prometheus http://127.0.0.1:PORT). Only the query API's JSON is read: no
+browser runs, and whatever answers on that port can give numbers at most, which the graph checks and bounds.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
+import math
+import re
 import sys
-import urllib.parse
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -25,10 +27,27 @@ from rigkit.cli.inventory import host_values, known_rigs
 from rigkit.fleet.monitor import GRAPHS
 from rigkit.validation.rules import plain_defaults
 
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-WINDOW = "1400,820"
-# How long the page's own scripts may run (virtual time) before the screenshot: the graph's query and drawing.
-RENDER_BUDGET_MS = 20000
+# Points per series: a step of range / POINTS (Prometheus caps a query at 11,000 points per series).
+POINTS = 240
+MAX_SERIES = 64
+SPAN_RE = re.compile(r"([1-9][0-9]{0,5})([smhd])")
+SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Look:
+    """How one ready graph is drawn: its title, its y axis label and, for a ratio, a fixed 0-1 axis."""
+
+    title: str
+    ylabel: str
+    ylim: tuple[float, float] | None
+
+
+LOOKS = {
+    "acceptance": Look("Draft acceptance per rig (accepted / drafted tokens, 5-minute rate)", "acceptance", (0, 1.05)),
+    "decode_tps": Look("Decode rate per rig (tokens/s, 5-minute rate)", "tokens/s", None),
+    "gpu_temperature": Look("GPU temperature per rig (hottest GPU)", "°C", None),
+}
 
 
 class GraphError(RuntimeError):
@@ -48,30 +67,75 @@ def prometheus_url(host: str) -> str:
     )
 
 
-def graph_page(prometheus: str, expression: str, span: str) -> str:
-    """Prometheus's Graph tab for one expression over ``span`` (its URL parameters)."""
-    query = {"g0.expr": expression, "g0.tab": "0", "g0.range_input": span, "g0.stacked": "0"}
-    return f"{prometheus}/graph?{urllib.parse.urlencode(query)}"
+def span_seconds(span: str) -> int:
+    """``30m`` -> 1800 (Prometheus's duration syntax, one unit)."""
+    found = SPAN_RE.fullmatch(span.strip())
+    if not found:
+        raise GraphError(f"--range {span!r}: give a number and one unit of s, m, h, d (30m, 1h, 2d)")
+    return int(found.group(1)) * SECONDS[found.group(2)]
 
 
-def browser() -> str:
-    for name in BROWSERS:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise GraphError("no headless browser: install Debian's chromium (sudo apt-get install chromium)")
+def series_of(answer: Any) -> dict[str, list[tuple[float, float]]]:
+    """{rig: [(unix time, value), ...]} from a query_range answer; a malformed answer is a GraphError, values
+    that are not finite numbers are left out (Prometheus writes NaN for 0/0: nothing drafted in that window)."""
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(answer, dict) or answer.get("status") != "success" or not isinstance(data, dict):
+        raise GraphError(f"not a Prometheus query answer: {str(answer)[:200]!r}")
+    if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+        raise GraphError(f"Prometheus answered a {data.get('resultType')!r}, not a matrix: is this Prometheus?")
+    series: dict[str, list[tuple[float, float]]] = {}
+    for item in data["result"][:MAX_SERIES]:
+        metric = item.get("metric") if isinstance(item, dict) else None
+        values = item.get("values") if isinstance(item, dict) else None
+        if not isinstance(metric, dict) or not isinstance(values, list):
+            raise GraphError("a series of the answer has no metric or values: is this Prometheus?")
+        points = []
+        for pair in values:
+            try:
+                stamp, value = float(pair[0]), float(pair[1])
+            except (TypeError, ValueError, IndexError):
+                raise GraphError(f"a point of the answer is not [time, number]: {str(pair)[:80]!r}") from None
+            if math.isfinite(stamp) and math.isfinite(value):
+                points.append((stamp, value))
+        rig = str(metric.get("rig", "?"))[:64]
+        series[rig] = points
+    return series
 
 
-def screenshot(page: str, out: Path) -> None:
-    argv = [browser(), "--headless=new", "--disable-gpu", "--hide-scrollbars", f"--window-size={WINDOW}",
-            f"--virtual-time-budget={RENDER_BUDGET_MS}", f"--screenshot={out}"]  # fmt: skip
-    if os.geteuid() == 0:  # Chromium refuses to run as root inside its own sandbox
-        argv.append("--no-sandbox")
+def figure(series: dict[str, list[tuple[float, float]]], look: Look, subtitle: str) -> Any:
+    """One line per rig over time, titled, rig names in the legend (a matplotlib Figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from datetime import UTC, datetime
+
+    from matplotlib import dates
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.5), dpi=100)
+    axes = fig.subplots()
+    for rig in sorted(series):
+        points = series[rig]
+        if not points:
+            continue
+        when = [datetime.fromtimestamp(stamp, tz=UTC) for stamp, _ in points]
+        axes.plot(when, [value for _, value in points], marker="." if len(points) < 30 else None, label=rig)
+    if look.ylim:
+        axes.set_ylim(*look.ylim)
+    axes.xaxis.set_major_formatter(dates.DateFormatter("%H:%M", tz=UTC))
+    axes.set_xlabel("time (UTC)")
+    axes.set_ylabel(look.ylabel)
+    axes.set_title(f"{look.title}\n{subtitle}", fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(title="rig", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def draw(series: dict[str, list[tuple[float, float]]], look: Look, out: Path, subtitle: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.unlink(missing_ok=True)
-    done = subprocess.run([*argv, page], capture_output=True, text=True, timeout=120, check=False)
-    if done.returncode != 0 or not out.is_file() or out.stat().st_size == 0:
-        raise GraphError(f"{argv[0]} wrote no picture (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+    figure(series, look, subtitle).savefig(out, format="png")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,17 +145,31 @@ def run(args: argparse.Namespace) -> int:
             raise GraphError("no host in group fleet_services: add one to inventory/hosts.yml, or pass --prometheus")
         prometheus = args.prometheus or prometheus_url(hosts[0])
         expression = GRAPHS[args.graph]
-        answer = requests.get(f"{prometheus}/api/v1/query", params={"query": expression}, timeout=10).json()
-        series = answer.get("data", {}).get("result", [])
-        if not series:
-            raise GraphError(f"Prometheus at {prometheus} has no series for {args.graph} yet ({expression}): "
-                             "send the rigs some requests first (the gateway's curl in make observe)")  # fmt: skip
-        screenshot(graph_page(prometheus, expression, args.range), Path(args.out))
-    except (GraphError, requests.RequestException, subprocess.TimeoutExpired) as exc:
+        span = span_seconds(args.range)
+        end = time.time()
+        answer = requests.get(
+            f"{prometheus}/api/v1/query_range",
+            params={"query": expression, "start": end - span, "end": end, "step": max(span // POINTS, 1)},
+            timeout=20,
+        )
+        try:
+            series = series_of(answer.json())
+        except ValueError:
+            raise GraphError(
+                f"{prometheus} did not answer JSON (HTTP {answer.status_code}): is this Prometheus?"
+            ) from None
+        if not any(series.values()):
+            raise GraphError(
+                f"Prometheus at {prometheus} has no points for {args.graph} over the last {args.range} "
+                f"({expression}): send the rigs some requests first (the gateway's curl in make observe)"
+            )
+        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(end))
+        draw(series, LOOKS[args.graph], Path(args.out), f"last {args.range} to {stamp}, from {prometheus}")
+    except (GraphError, requests.RequestException) as exc:
         print(f"rigkit fleet-graph: {exc}", file=sys.stderr)
         return 1
-    rigs = ", ".join(sorted(s["metric"].get("rig", "?") for s in series))
-    print(f"{args.out}: {args.graph} over the last {args.range} ({rigs}), from {prometheus}")
+    points = sum(len(values) for values in series.values())
+    print(f"{args.out}: {args.graph} over the last {args.range} ({', '.join(sorted(series))}; {points} points)")
     return 0
 
 
@@ -99,7 +177,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("fleet-graph", help="a picture of the fleet monitor's graph of a ready query")
     parser.add_argument("--out", required=True, help="the PNG to write")
     parser.add_argument("--graph", choices=sorted(GRAPHS), default="acceptance")
-    parser.add_argument("--range", default="30m", help="how far back the graph goes (Prometheus syntax: 30m, 1h)")
+    parser.add_argument("--range", default="30m", help="how far back the graph goes (30m, 1h, 2d)")
     parser.add_argument("--host", help="the fleet_services host (default: the first)")
     parser.add_argument("--prometheus", help="Prometheus's URL, e.g. through an SSH tunnel")
     parser.set_defaults(func=run)

@@ -42,7 +42,7 @@ QUERIES = {
     "server_up": 'up{service="llama-server"}',
     "gpu_temperature": "max by (rig) (rigkit_gpu_temperature_celsius)",
 }
-# Over time, per rig (rigkit fleet-graph draws them with Prometheus's Graph page).
+# Over time, per rig (rigkit fleet-graph draws them from Prometheus's query_range API).
 GRAPHS = {
     "acceptance": f"sum by (rig) (rate({ACCEPTED}[5m])) / sum by (rig) (rate({DRAFTED}[5m]))",
     "decode_tps": f"sum by (rig) (rate({PREDICTED}[5m])) / sum by (rig) (rate({PREDICTED_SECONDS}[5m]))",

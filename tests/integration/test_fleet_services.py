@@ -304,6 +304,23 @@ def test_prometheus_scrapes_every_rig_with_the_labels_of_its_lock_entry(gateway)
     assert accepted and float(accepted[0]["value"][1]) > 0, "the TLS rig's drafting counters, read with its key"
 
 
+def test_the_fleet_graph_draws_each_rigs_acceptance_from_prometheus(gateway, tmp_path):
+    """make fleet-graph's command against the fleet's Prometheus: the query API, matplotlib, one line per rig."""
+    from matplotlib import image
+
+    from rigkit.fleet.monitor import GRAPHS
+
+    ask(gateway, "tiny-gemma4")
+    wait_until(lambda: len(query(GRAPHS["acceptance"])) > 0, 90, "a 5-minute acceptance rate for a rig")
+    out = tmp_path / "acceptance.png"
+    drawn = run(
+        ["python", "bin/rigkit", "fleet-graph", "--prometheus", PROMETHEUS, "--out", str(out), "--range", "10m"]
+    )
+    assert drawn.returncode == 0, drawn.tail()
+    assert re.search(r"acceptance over the last 10m \(.*\b(sandbox-mtp|gw-tls-rig)\b.*; [0-9]+ points\)", drawn.output)
+    assert image.imread(out).shape[:2] == (450, 1000)
+
+
 def test_prometheus_scrapes_every_rigs_node_exporter_and_the_gpu_collectors_sample(gateway):
     """Each rig's node exporter (roles/node_exporter) is scraped with the rig's lock labels; sandbox-mtp runs the GPU
     collector's timer as a GPU rig does, and its sample (no GPU here: nvidia-smi is missing, and it says so) reaches

@@ -427,20 +427,44 @@ def test_the_node_exporter_rule_is_the_one_the_role_and_the_controller_ask():
     assert node_exporter_problems({**forced, "node_exporter_password": "x" * 16}) == []
 
 
-def test_the_fleet_graph_opens_prometheus_graph_page_on_the_ready_expression():
-    from urllib.parse import parse_qs, urlsplit
-
-    from rigkit.cli.fleet_graph import graph_page
-    from rigkit.fleet.monitor import GRAPHS
-
-    page = urlsplit(graph_page("http://127.0.0.1:18490", GRAPHS["acceptance"], "30m"))
-    assert (page.netloc, page.path) == ("127.0.0.1:18490", "/graph")
-    assert parse_qs(page.query) == {
-        "g0.expr": [GRAPHS["acceptance"]],
-        "g0.tab": ["0"],
-        "g0.range_input": ["30m"],
-        "g0.stacked": ["0"],
+def _matrix(*series: tuple[str, list[list]]) -> dict:
+    """A query_range answer as Prometheus writes it: values are [unix time, "string"]."""
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "matrix",
+            "result": [{"metric": {"rig": rig}, "values": values} for rig, values in series],
+        },
     }
+
+
+def test_the_fleet_graph_reads_prometheus_matrix_and_refuses_anything_else():
+    from rigkit.cli.fleet_graph import GraphError, series_of, span_seconds
+
+    answer = _matrix(("sandbox", [[1765100000, "0.99"], [1765100060, "NaN"]]), ("sandbox-mtp", [[1765100000, "1"]]))
+    assert series_of(answer) == {"sandbox": [(1765100000.0, 0.99)], "sandbox-mtp": [(1765100000.0, 1.0)]}
+    vector = {"status": "success", "data": {"resultType": "vector", "result": []}}
+    for hostile in ("<html>", {"status": "error"}, vector, _matrix(("r", [["x", "1"]])), _matrix(("r", [[1, "1x"]]))):
+        with pytest.raises(GraphError):
+            series_of(hostile)
+    assert span_seconds("30m") == 1800 and span_seconds("2d") == 172800
+    with pytest.raises(GraphError, match="--range '30 minutes'"):
+        span_seconds("30 minutes")
+
+
+def test_the_fleet_graph_draws_one_titled_line_per_rig_on_a_0_to_1_axis(tmp_path):
+    """matplotlib, no browser: one line per rig named in the legend, the acceptance axis fixed at 0-1, a title."""
+    from matplotlib import image
+
+    from rigkit.cli.fleet_graph import LOOKS, draw, figure
+
+    series = {"sandbox": [(1765100000.0 + 60 * i, 0.99) for i in range(20)], "sandbox-mtp": [(1765100000.0, 1.0)]}
+    axes = figure(series, LOOKS["acceptance"], "last 20m").axes[0]
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == ["sandbox", "sandbox-mtp"]
+    assert axes.get_ylim() == (0, 1.05) and axes.get_title().startswith("Draft acceptance per rig")
+    assert [len(line.get_xdata()) for line in axes.get_lines()] == [20, 1]
+    pixels = image.imread(draw(series, LOOKS["acceptance"], tmp_path / "acceptance.png", "last 20m"))
+    assert pixels.shape[:2] == (450, 1000) and pixels.std() > 0  # drawn, not blank
 
 
 def test_a_node_exporters_port_is_9100_on_a_rig_of_its_own_and_beside_the_server_on_the_sandbox():
