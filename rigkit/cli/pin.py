@@ -35,7 +35,20 @@ def _print_pin(result: object) -> None:
     if not result.changed:
         print(f"{result.name}: already pinned to {where} (sha256 {result.sha256}, {result.size} bytes); nothing to do")
         return
-    print(f"{result.name}: pinned {where}\n  sha256 {result.sha256}\n  size   {result.size}\n  in {result.catalog}")
+    shape = ""
+    if result.shape:
+        weights, on_gpu = result.shape["weights_bytes"] / 2**20, result.shape["gpu_weights_bytes"] / 2**20
+        shape = (
+            f"\n  shape  {len(result.shape) - 2} header facts, weights {weights:,.0f} MiB ({on_gpu:,.0f} MiB of them "
+            "on the GPU with every layer offloaded), read from the GGUF's first bytes"
+        )
+    pinned = {"revision": result.revision, "sha256": result.sha256, "size": result.size}
+    if result.previous == pinned:
+        print(f"{result.name}: already pinned to {where}; recorded its shape facts{shape}\n  in {result.catalog}")
+        return
+    print(
+        f"{result.name}: pinned {where}\n  sha256 {result.sha256}\n  size   {result.size}{shape}\n  in {result.catalog}"
+    )
 
 
 def pin(args: argparse.Namespace) -> int:

@@ -7,7 +7,9 @@ bounded redirects. The endpoints are the ones huggingface_hub uses:
 
 - ``GET  {endpoint}/api/models/{repo}/revision/{ref}``: the commit a branch or tag points at;
 - ``POST {endpoint}/api/models/{repo}/paths-info/{commit}`` with ``paths=<filename>``: ``lfs.oid`` and ``size``;
-- ``GET  {endpoint}/api/models/{repo}/commits/{ref}``: the commits, pages followed through the ``Link`` header.
+- ``GET  {endpoint}/api/models/{repo}/commits/{ref}``: the commits, pages followed through the ``Link`` header;
+- ``GET  {endpoint}/{repo}/resolve/{commit}/{filename}`` with ``Range: bytes=0-N``: the first bytes of a GGUF, its
+  header (the memory model's `shape:` facts), never the whole file.
 
 HTTPS_PROXY / NO_PROXY are honoured (http_client.open_connection). A 429 waits for the reset the server names
 (``Retry-After`` or ``RateLimit: "api";r=0;t=SECONDS``, the Hub's form) and retries, up to ``rate_limit_wait``
@@ -19,15 +21,18 @@ whose terms the account has not accepted 403 GatedRepo, a token it does not acce
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible.module_utils.gguf_metadata import GgufError, GgufMetadata, read_gguf_metadata
 from ansible.module_utils.http_client import (
     HttpClientError,
     Response,
@@ -52,6 +57,8 @@ UNSAID_WAIT = 10.0  # a 429 that names no reset: wait this long before asking ag
 MIN_WAIT = 1.0  # RateLimit's t= counts whole seconds: t=0 still means "not yet"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _LINK_NEXT_RE = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
+# Bytes read from a GGUF's start until its header parses: a Gemma tokenizer alone is megabytes of it.
+HEADER_READS = (8 << 20, 32 << 20, 128 << 20)
 
 
 class PinError(Exception):
@@ -211,10 +218,12 @@ class HubApi:
         except ValueError:
             raise PinError(f"{printable(url)} did not answer JSON; is --endpoint a Hugging Face API?") from None
 
-    def _send(self, url: str, data: bytes | None) -> Response:
+    def _send(self, url: str, data: bytes | None, *, head_bytes: int = 0) -> Response:
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/x-www-form-urlencoded"
+        if head_bytes:  # a file's first bytes, not an API answer
+            headers.update({"Accept": "*/*", "Range": f"bytes=0-{head_bytes - 1}"})
         endpoint = self.endpoint.rstrip("/")
         try:
             return request(
@@ -225,6 +234,7 @@ class HubApi:
                 token=self.token,
                 timeout=self.timeout,
                 allow_insecure_http=self.allow_insecure_http,
+                **({"max_body": head_bytes} if head_bytes else {}),
             )
         except UrlRefused as exc:
             raise PinError(f"{exc}") from None
@@ -270,6 +280,40 @@ class HubApi:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise PinError(f"the API gave no usable size for {repo} : {filename} ({size!r})")
         return FileInfo(sha256=str(lfs["oid"]), size=size, commit=revision)
+
+    def _head(self, repo: str, revision: str, filename: str, count: int) -> bytes:
+        """The first ``count`` bytes of the file at ``revision`` (a Range request on its resolve URL)."""
+        quoted = "/".join(urllib.parse.quote(part, safe="") for part in filename.split("/"))
+        url = (
+            f"{self.endpoint.rstrip('/')}/{urllib.parse.quote(repo, safe='/')}/resolve/"
+            f"{urllib.parse.quote(revision, safe='')}/{quoted}"
+        )
+        answer = self._send(url, None, head_bytes=count)
+        while answer.status == 429:
+            self._wait_for_quota(answer)
+            answer = self._send(url, None, head_bytes=count)
+        if answer.status >= 400:
+            code, message = answer.header("X-Error-Code"), answer.header("X-Error-Message")
+            raise _explain(_ApiError(answer.status, code, message), repo, revision, self.token, self.rate_limit_wait)
+        if answer.status not in (200, 206):
+            raise PinError(f"{redact(answer.url)} answered HTTP {answer.status} to a Range request for its first bytes")
+        return answer.body[:count]
+
+    def gguf_header(self, repo: str, revision: str, filename: str, size: int) -> GgufMetadata:
+        """The GGUF header of the file at ``revision``, read from its first bytes (more of them while it is cut)."""
+        for limit in HEADER_READS:
+            count = min(limit, size)
+            with tempfile.NamedTemporaryFile(prefix="rigkit-gguf-head-", suffix=".gguf") as head:
+                head.write(self._head(repo, revision, filename, count))
+                head.flush()
+                try:
+                    meta = read_gguf_metadata(head.name)
+                except GgufError as exc:
+                    if "truncated GGUF header" in str(exc) and count < size:
+                        continue
+                    raise PinError(f"{repo} : {filename} at {revision}: {printable(exc, 300)}") from None
+            return dataclasses.replace(meta, path=filename, file_size=size)
+        raise PinError(f"{repo} : {filename}: its GGUF header is larger than {HEADER_READS[-1] >> 20} MiB")
 
     def lookup_file(self, repo: str, revision: str, filename: str) -> FileInfo:
         """Like file_at, but a missing file is an error that says what to check."""

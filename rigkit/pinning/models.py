@@ -17,8 +17,12 @@ Used by ``rigkit pin`` / ``make pin model=NAME [revision=REF]`` and ``make pin h
 5. ``revision`` (double-quoted), ``sha256`` and ``size`` are written into the catalog with ruamel.yaml's
    round-trip mode: comments, order and the other entries stay as they are. An existing, different value is
    never replaced silently: without ``force`` the pin is refused, listing old and new.
+6. An entry without ``shape:`` facts (what the controller's memory fit reads before any GGUF is cached) gets
+   them measured from the pinned file's GGUF header, read by Range requests from its start
+   (rigkit/validation/catalog_shape.py), and ``architecture`` with them when the entry lacks it.
 
-``pin_host`` pins, in one go, every entry a rig needs (target and drafter) that is not fully pinned yet.
+``pin_host`` pins, in one go, every entry a rig needs (target and drafter) that is not fully pinned yet or has no
+shape facts.
 
 The API calls (and their security policy: https only, the token only to the endpoint's origin) are in
 rigkit/pinning/hf_api.py; this module decides what to pin and writes the catalog.
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ansible.module_utils.atomic_file import write_atomic
+from ansible.module_utils.gguf_metadata import GgufError
 from ansible.module_utils.model_catalog import (
     CATALOG_PATH,
     REVISION_RE,
@@ -49,6 +54,7 @@ from rigkit.pinning.hf_api import (
     NotInLfsError,
     PinError,
 )
+from rigkit.validation.catalog_shape import has_shape, shape_facts
 
 __all__ = [
     "DEFAULT_ENDPOINT",
@@ -79,6 +85,7 @@ class PinResult:
     previous: dict[str, Any] = field(default_factory=dict)
     anchored: bool = False  # found by walking the commits for the entry's trusted sha256
     walked: int = 0  # commits looked at
+    shape: dict[str, Any] | None = None  # the shape facts measured and recorded by this pin
 
 
 def _walk_table(seen: list[CommitFile]) -> str:
@@ -122,6 +129,19 @@ def _load(path: str) -> tuple[Any, Any, str]:
 def _write(path: str, yaml: Any, data: Any, explicit_start: bool) -> None:
     yaml.explicit_start = explicit_start
     write_atomic(path, lambda handle: yaml.dump(data, handle), os.stat(path).st_mode & 0o7777)
+
+
+def _flow_lists(facts: dict[str, Any]) -> Any:
+    """The shape facts for the catalog, a per-layer list on one line ([true, false, ...]) as a reader expects."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    shape = CommentedMap()
+    for key, value in facts.items():
+        if isinstance(value, list):
+            value = CommentedSeq(value)
+            value.fa.set_flow_style()
+        shape[key] = value
+    return shape
 
 
 def pin_entry(
@@ -171,6 +191,7 @@ def pin_entry(
         info = api.lookup_file(repo, commit, filename)
     new = {"revision": info.commit, "sha256": info.sha256, "size": info.size}
     old = {key: entry.get(key) for key in PIN_FIELDS}
+    measured: tuple[str, dict[str, Any]] | None = None
     conflicts = {key: (old[key], new[key]) for key in PIN_FIELDS if old[key] not in (None, "") and old[key] != new[key]}
     if conflicts and not force:
         lines = "\n".join(f"  {key}: {was} -> {now}" for key, (was, now) in conflicts.items())
@@ -179,6 +200,11 @@ def pin_entry(
             f"If the new pin is right (a new revision you checked), re-run with force: "
             f"make pin model={name} revision={info.commit} force=1"
         )
+    if not has_shape(entry):
+        try:
+            measured = shape_facts(api.gguf_header(repo, info.commit, filename, info.size))
+        except GgufError as exc:
+            raise PinError(f"cannot measure the shape of '{name}' from its GGUF header: {exc}") from None
     result = PinResult(
         name=name,
         catalog=catalog_path,
@@ -187,11 +213,12 @@ def pin_entry(
         revision=info.commit,
         sha256=info.sha256,
         size=info.size,
-        changed=old != new,
+        changed=old != new or measured is not None,
         resolved_from=resolved_from,
         previous=old,
         anchored=bool(walked),
         walked=walked,
+        shape=measured[1] if measured else None,
     )
     if not result.changed:
         return result
@@ -200,6 +227,16 @@ def pin_entry(
     entry["revision"] = DoubleQuotedScalarString(info.commit)
     entry["sha256"] = info.sha256
     entry["size"] = info.size
+    if measured is not None:
+        architecture, facts = measured
+        if not entry.get("architecture"):
+            entry["architecture"] = architecture
+        elif entry["architecture"] != architecture:
+            raise PinError(
+                f"'{name}' says architecture {entry['architecture']} in {catalog_path} but its GGUF header says "
+                f"{architecture}: check the entry's repo and filename"
+            )
+        entry["shape"] = _flow_lists(facts)
     try:
         check_deployable(name, {key: entry[key] for key in entry})
     except CatalogError as exc:
@@ -239,7 +276,7 @@ def pin_host(
     done: list[PinResult] = []
     already: list[str] = []
     for name in dict.fromkeys(names):
-        if not unpinned_fields(dict(catalog[name])):
+        if not unpinned_fields(dict(catalog[name])) and has_shape(catalog[name]):
             already.append(name)
             continue
         try:

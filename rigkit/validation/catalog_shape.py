@@ -1,4 +1,5 @@
-"""A catalog entry's `shape:` facts as an in-memory GGUF header, for the memory model before any GGUF is cached.
+"""A catalog entry's `shape:` facts as an in-memory GGUF header, for the memory model before any GGUF is cached,
+and those facts measured from a real header (``make pin`` records them).
 
 Discovery sizes a new rig's context with it and the controller preflight checks a rig's context and memory fit
 with it when the controller's cache does not hold the GGUFs yet (module_utils/preflight/server.py is the model).
@@ -9,11 +10,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ansible.module_utils.gguf_metadata import GgufMetadata, GgufTensorInfo, GgufValueType
+from ansible.module_utils.gguf_metadata import GgufArray, GgufError, GgufMetadata, GgufTensorInfo, GgufValueType
+from ansible.module_utils.preflight.memory import weights_bytes
+from ansible.module_utils.preflight.shape import ModelShape
 
 from rigkit.paths import CATALOG_FILE
 
 WEIGHT_KEYS = ("weights_bytes", "gpu_weights_bytes")
+# The header keys (under the architecture's prefix) the memory model and the context check read.
+SHAPE_KEYS = (
+    "context_length",
+    "embedding_length",
+    "embedding_length_out",
+    "block_count",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.key_length_swa",
+    "attention.value_length_swa",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "attention.shared_kv_layers",
+)
 
 
 class MissingShape(ValueError):
@@ -53,10 +72,35 @@ def catalog_meta(name: str, entry: Mapping[str, Any]) -> GgufMetadata:
         version=3,
         tensor_count=len(tensors),
         kv=kv,
-        kv_types={
-            key: GgufValueType.STRING if isinstance(value, str) else GgufValueType.UINT32 for key, value in kv.items()
-        },
+        kv_types={key: _value_type(value) for key, value in kv.items()},
         file_size=total,
         tensors=tensors,
         data_offset=0,
     )
+
+
+def _value_type(value: Any) -> GgufValueType:
+    if isinstance(value, str):
+        return GgufValueType.STRING
+    return GgufValueType.ARRAY if isinstance(value, list) else GgufValueType.UINT32
+
+
+def shape_facts(meta: GgufMetadata) -> tuple[str, dict[str, Any]]:
+    """(architecture, `shape:` facts) measured from a real GGUF header: the keys of SHAPE_KEYS it carries and the
+    bytes of its weights, all of them and those ``-ngl all`` puts on the GPU. ``catalog_meta`` of these facts gives
+    the memory model the same figures as the header itself for every layer on the GPU and for the CPU."""
+    shape = ModelShape.from_meta(meta)  # refuses a header the memory model cannot read
+    unknown = sorted({info.type_name for info in meta.tensors or [] if info.nbytes is None})
+    if unknown:
+        raise GgufError(meta.path, f"tensors of ggml types this reader does not size ({', '.join(unknown)})")
+    facts: dict[str, Any] = {}
+    for key in SHAPE_KEYS:
+        value = meta.arch_key(key, None)
+        if value is None:
+            continue
+        if isinstance(value, GgufArray):
+            raise GgufError(meta.path, f"{meta.architecture}.{key} is too long an array ({len(value)} entries)")
+        facts[key] = list(value) if isinstance(value, (list, tuple)) else value
+    facts["weights_bytes"] = weights_bytes(meta, shape, gpu_layers=None)
+    facts["gpu_weights_bytes"] = weights_bytes(meta, shape, gpu_layers=shape.n_layer + 1)
+    return shape.architecture, facts

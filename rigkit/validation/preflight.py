@@ -1,7 +1,8 @@
 """The controller preflight, before any rig is contacted: once the controller's cache holds a rig's GGUFs, the
 pairing, context and memory checks of module_utils/preflight/server.py run on their headers, with rig_gpu's VRAM as
 the budget; before that, the context and memory fit of a GPU rig run on the catalog's `shape:` facts (the same
-memory model; pairing needs the real headers). Each problem names the inventory file to edit.
+memory model; pairing needs the real headers), and an entry without them is refused: its fit would stay unknown
+until the rig was contacted. Each problem names the inventory file to edit.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def controller_preflight(
     )
     if not cached:
         if gpu_budget:
-            return _shape_fit(values, settings, gpu_budget, where, target, drafter if uses_drafter else None)
+            return _shape_fit(host, values, settings, gpu_budget, where, target, drafter if uses_drafter else None)
         return []
     try:
         result = preflight(
@@ -132,6 +133,7 @@ def controller_preflight(
 
 
 def _shape_fit(
+    host: str,
     values: Mapping[str, Any],
     settings: Mapping[str, Any],
     budget_mib: int,
@@ -139,9 +141,17 @@ def _shape_fit(
     target: Mapping[str, Any],
     drafter: Mapping[str, Any] | None,
 ) -> list[str]:
-    """Context and memory fit on the catalog's shape facts (both entries must carry them, else nothing to say)."""
-    if not has_shape(target) or (drafter is not None and not has_shape(drafter)):
-        return []
+    """Context and memory fit on the catalog's shape facts; an entry without them is refused (the fit would be
+    unknown until the GGUF reached the rig), saying how to record them."""
+    names = {"models_target": target, **({"models_drafter": drafter} if drafter is not None else {})}
+    shapeless = [str(values.get(variable)) for variable, entry in names.items() if not has_shape(entry)]
+    if shapeless:
+        return [
+            f"{where}: memory fit unknown for {', '.join(shapeless)} on {host}: no shape: facts in {CATALOG_FILE} "
+            "and no copy of the GGUF in the controller's cache to read them from; `make pin host="
+            f"{host}` reads the GGUF's header from the Hub and records them (or add them by hand, as the other "
+            "entries carry them)"
+        ]
     target_meta = catalog_meta(str(values.get("models_target")), target)
     drafter_meta = catalog_meta(str(values.get("models_drafter")), drafter) if drafter is not None else None
     ctx = int(settings["ctx_size"])

@@ -18,6 +18,7 @@ from ansible.module_utils.http_client import UrlRefused, next_hop
 
 from rigkit.pinning import hf_api
 from rigkit.pinning.models import HubApi, PinError, pin_entry, pin_host
+from rigkit.sandbox.tiny_gemma4 import write_arch_gguf, write_target
 from tests.fixtures.hf_standin import HfStandin, make_tls_files
 from tests.support import recap, run
 
@@ -42,8 +43,11 @@ def catalog(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def body() -> bytes:
-    return b"GGUF" + os.urandom(5000)
+def body(tmp_path: Path) -> bytes:
+    """A real GGUF (pin measures its header's shape facts), a fresh sha256 each test."""
+    return write_arch_gguf(
+        tmp_path / "body.gguf", "gemma4", padding_bytes=5000, seed=secrets.randbelow(1 << 30)
+    ).read_bytes()
 
 
 @pytest.fixture
@@ -88,8 +92,12 @@ def test_only_the_three_pin_lines_change_and_comments_survive(catalog: Path, hub
         for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
         if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]
-    assert len(changed) == 6, changed  # revision, sha256, size: three lines out, three in
-    assert all(line.lstrip("+-").strip().split(":")[0] in ("revision", "sha256", "size") for line in changed)
+    pinned = [line for line in changed if line.lstrip("+-").strip().split(":")[0] in ("revision", "sha256", "size")]
+    assert len(pinned) == 6, changed  # revision, sha256, size: three lines out, three in
+    # and, the entry having none, the shape facts measured from the file's GGUF header: lines added, none removed
+    shape = [line for line in changed if line not in pinned]
+    assert shape[0] == "+    shape:" and all(line.startswith("+      ") for line in shape[1:]), changed
+    assert "+      weights_bytes: 5128" in shape, shape  # a 4x8 f32 token_embd (128 bytes) and 5,000 of padding
     comments = [line for line in before.splitlines() if line.lstrip().startswith("#")]
     assert comments and all(line in after.splitlines() for line in comments)
     assert after.startswith("---\n")
@@ -432,6 +440,7 @@ def test_a_redirect_to_another_host_carries_no_token(
         HfStandin(require_token=TOKEN, tls_cert=cert, tls_key=key) as origin,
     ):
         other.add_commit(target["repo"], COMMIT, {target["filename"]: body})
+        origin.add_commit(target["repo"], COMMIT, {target["filename"]: body})  # its header is read from the origin
         origin.redirect_api_to = f"https://127.0.0.1:{other.port}"  # another port: another origin
         result = pin(catalog, origin, revision="", token=TOKEN)
         assert result.revision == COMMIT
@@ -503,3 +512,92 @@ def test_the_redirect_policy(status: int, location: str, method: str, kept_token
             body=None,
             allow_insecure_http=True,
         )
+
+
+# ------------------------------------------------------------------ shape facts from the GGUF header
+GOOGLE = "gemma-4-E4B-it-qat-q4_0-google"  # pinned (revision, sha256, size), no shape: facts
+
+
+def test_pin_host_measures_the_shape_of_a_pinned_entry_from_its_header_by_range_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header is read from the file's first bytes, more of them while it is cut short, never the whole file;
+    what is recorded gives the memory model the figures of the header itself."""
+    from ansible.module_utils.gguf_metadata import read_gguf_metadata
+    from ansible.module_utils.preflight.server import estimate_memory
+
+    from rigkit.validation.catalog_shape import catalog_meta, shape_facts
+
+    _, copy = inventory_copy(tmp_path)
+    google = entry(CATALOG, GOOGLE)
+    assert "shape" not in google and google["revision"]
+    gguf = write_target(tmp_path / "target.gguf")
+    monkeypatch.setattr(hf_api, "HEADER_READS", (256, 4096, 1 << 20))  # the tiny header spans the first two reads
+    with HfStandin() as hub:
+        hub.add_commit(
+            google["repo"],
+            google["revision"],
+            {google["filename"]: gguf.read_bytes()},
+            sha256={google["filename"]: google["sha256"]},
+            size={google["filename"]: google["size"]},
+        )
+        done, already = pin_host(
+            "laptop1650ti", [GOOGLE], catalog_path=str(copy), api=HubApi(hub.base_url, allow_insecure_http=True)
+        )
+        ranges = [r.range for r in hub.requests if "/resolve/" in r.path]
+    assert already == [] and [result.name for result in done] == [GOOGLE]
+    assert ranges[:2] == ["bytes=0-255", "bytes=0-4095"] and all(r and r.startswith("bytes=0-") for r in ranges)
+    recorded = entry(copy, GOOGLE)
+    assert {key: recorded[key] for key in ("revision", "sha256", "size")} == {
+        key: google[key] for key in ("revision", "sha256", "size")
+    }
+    real = read_gguf_metadata(gguf)
+    assert recorded["shape"] == shape_facts(real)[1] and recorded["architecture"] == "gemma4"
+    settings = {"ctx_size": 512, "parallel": 1, "flash_attn": "on", "gpu_layers": "all", "headroom_mib": 256}
+    assert estimate_memory(catalog_meta(GOOGLE, recorded), None, **settings).as_dict() == (
+        estimate_memory(real, None, **settings).as_dict()
+    )
+    assert "attention.sliding_window_pattern: [" in copy.read_text()  # a per-layer list on one line
+    # measured once: the next run has nothing to do
+    with HfStandin() as hub:
+        assert pin_host(
+            "laptop1650ti", [GOOGLE], catalog_path=str(copy), api=HubApi(hub.base_url, allow_insecure_http=True)
+        ) == ([], [GOOGLE])
+
+
+def test_a_hub_that_ignores_range_is_refused_without_reading_the_file(tmp_path: Path) -> None:
+    from tests.fixtures.hf_standin import Fault
+
+    _, copy = inventory_copy(tmp_path)
+    google = entry(CATALOG, GOOGLE)
+    with HfStandin() as hub:
+        body = write_arch_gguf(tmp_path / "big.gguf", "gemma4", padding_bytes=20 << 20).read_bytes()
+        hub.add_commit(
+            google["repo"],
+            google["revision"],
+            {google["filename"]: body},
+            sha256={google["filename"]: google["sha256"]},
+            size={google["filename"]: google["size"]},
+        )
+        hub.add_fault(google["repo"], google["revision"], google["filename"], Fault("ignore_range"))
+        with pytest.raises(PinError, match="answered more than 8388608 bytes"):
+            pin_entry(GOOGLE, None, catalog_path=str(copy), api=HubApi(hub.base_url, allow_insecure_http=True))
+    assert "shape" not in entry(copy, GOOGLE)
+
+
+def test_the_pin_line_says_what_was_measured(capsys: pytest.CaptureFixture[str]) -> None:
+    from rigkit.cli.pin import _print_pin
+    from rigkit.pinning.models import PinResult
+
+    google = entry(CATALOG, GOOGLE)
+    pins = {key: google[key] for key in ("revision", "sha256", "size")}
+    shape = {"block_count": 42, "context_length": 131072, "weights_bytes": 5 << 30, "gpu_weights_bytes": 3 << 30}
+    common = {"name": GOOGLE, "catalog": "c.yml", "repo": google["repo"], "filename": google["filename"], **pins}
+    _print_pin(PinResult(**common, changed=True, previous=pins, shape=shape))
+    printed = capsys.readouterr().out.splitlines()
+    where = f"{google['repo']} @ {google['revision']} : {google['filename']}"
+    assert printed[0] == f"{GOOGLE}: already pinned to {where}; recorded its shape facts"
+    assert printed[1] == (
+        "  shape  2 header facts, weights 5,120 MiB (3,072 MiB of them on the GPU with every layer offloaded), read "
+        "from the GGUF's first bytes"
+    )

@@ -160,6 +160,31 @@ def test_the_controller_preflight_resolves_auto_with_the_same_rule() -> None:
     assert _desktop(llama_server_gpu_access="none") == []  # a CPU rig's RAM is only known on the rig
 
 
+def test_an_entry_without_shape_facts_is_refused_not_skipped() -> None:
+    """Google's E4B at 32k on the 4 GB laptop: its entry has no shape: and nothing is cached, so the fit is unknown;
+    before, nothing was said and the rig was contacted."""
+    values = yaml.safe_load((REPO / "inventory/host_vars/laptop1650ti.yml").read_text())
+    values.update(
+        rig_kind="gpu",
+        models_target="gemma-4-E4B-it-qat-q4_0-google",
+        models_drafter="gemma-4-E4B-it-qat-assistant-q4_0-exact",
+        llama_server_ctx_size=32768,
+    )
+    sources = Sources(str(REPO / "inventory"), "laptop1650ti", ["gpu_rigs", "rigs"])
+    (refusal,) = controller_preflight(
+        "laptop1650ti", values, sources=sources, catalog=CATALOG, cache_dir="/nonexistent"
+    )
+    assert ": memory fit unknown for gemma-4-E4B-it-qat-q4_0-google on laptop1650ti: no shape: facts" in refusal
+    assert "`make pin host=laptop1650ti` reads the GGUF's header from the Hub and records them" in refusal
+    # with the facts make pin records, the same rig is checked, and 32k does not fit 4 GB
+    measured = {**CATALOG["gemma-4-E4B-it-qat-q4_0-google"], "shape": CATALOG["gemma-4-E4B-it-qat-q4_0-exact"]["shape"]}
+    catalog = {**CATALOG, "gemma-4-E4B-it-qat-q4_0-google": measured}
+    (refusal,) = controller_preflight(
+        "laptop1650ti", values, sources=sources, catalog=catalog, cache_dir="/nonexistent"
+    )
+    assert "is 4,096 MiB" in refusal and "catalog's shape facts" in refusal, refusal
+
+
 # ------------------------------------------------------------------------------------------ make discover
 def _discover(defaults_text: str) -> str:
     profile = plan_profile(

@@ -635,8 +635,8 @@ def test_status_tells_rigs_never_set_up_from_a_rig_that_is_down(tmp_path):
     table = {
         line.split()[0]: line.split() for line in direct.output.splitlines() if line.endswith("-rig") or "-rig " in line
     }
-    assert table["absent-rig"][1:] == ["-", "not", "created"], direct.output
-    assert table["example-rig"][1:] == ["-", "not", "set", "up"], direct.output
+    assert table["absent-rig"][1:] == ["not", "created", "-", "-", "-", "-"], direct.output
+    assert table["example-rig"][1:] == ["not", "set", "up", "-", "-", "-", "-"], direct.output
     assert "absent-rig: make provision host=absent-rig creates it" in direct.output
     assert (
         "example-rig: ansible_host is the example example-rig.local: set it in inventory/host_vars/example-rig.yml"
