@@ -2,7 +2,11 @@
 component, fetched from the mirror the nvidia_driver role installs from and cached; dpkg's version order.
 
 ``Archive.index(mirror, suite, component)`` reads ``<mirror>/dists/<suite>/<component>/binary-amd64/Packages.xz``
-(``Packages.gz`` where the mirror has no xz) through module_utils/http_client.py. The compressed index is kept
+(``Packages.gz`` where the mirror has no xz) through module_utils/http_client.py, over plain http as apt does, and
+trusts it as apt does: the suite's ``InRelease`` must carry a good signature by a key of Debian's archive keyring
+(``gpgv``, ``/usr/share/keyrings/debian-archive-keyring.gpg``; RIGKIT_DEBIAN_KEYRING names another), must not be
+past its ``Valid-Until``, and must list the index with the sha256 and size of what was downloaded. The index is
+decompressed with a bound on its output (MAX_TEXT_BYTES). The compressed index is kept
 under ``<controller cache>/archive/`` (a directory private to this user) and reused for ``max_age_s`` (6 h); an
 older copy is refetched. When the archive cannot be read (unreachable, an HTTP error, a truncated or corrupt
 download) a cached copy stands in and the Index says how old it is; with no copy, ArchiveError ("cannot check").
@@ -14,12 +18,15 @@ stand-in) instead of the inventory's nvidia_driver_debian_mirror / nvidia_driver
 
 from __future__ import annotations
 
+import email.utils
 import functools
-import gzip
+import hashlib
 import json
 import lzma
 import os
 import re
+import shutil
+import subprocess
 import time
 import urllib.parse
 import zlib
@@ -36,6 +43,10 @@ from rigkit.paths import UnsafeDirectoryError, cache_dir, private_dir
 MAX_AGE_S = 6 * 3600.0
 TIMEOUT_S = 20.0
 MAX_INDEX_BYTES = 64 * 1024 * 1024  # main's Packages.xz is ~9 MB; anything this large is not an index
+MAX_TEXT_BYTES = 256 * 1024 * 1024  # bookworm main's Packages is ~50 MB decompressed
+MAX_RELEASE_BYTES = 4 * 1024 * 1024  # an InRelease is ~150 KB
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+KEYRING_ENV = "RIGKIT_DEBIAN_KEYRING"
 ARCH = "amd64"
 USER_AGENT = "rigkit-plan/1"
 MIRROR_ENV = {
@@ -206,13 +217,78 @@ def index_base(mirror: str, suite: str, component: str) -> str:
     return f"{mirror.rstrip('/')}/dists/{suite}/{component}/binary-{ARCH}/Packages"
 
 
-def decompress(compression: str, data: bytes) -> str:
-    """The text of a compressed index; ArchiveError when it is truncated or corrupt."""
+def decompress(compression: str, data: bytes, limit: int = MAX_TEXT_BYTES) -> str:
+    """The text of a compressed index, at most ``limit`` bytes of it; ArchiveError when it is truncated, corrupt
+    or larger (a small download that inflates to gigabytes is not an index)."""
     try:
-        raw = lzma.decompress(data) if compression == "xz" else gzip.decompress(data)
+        if compression == "xz":
+            inflate: Any = lzma.LZMADecompressor()
+            raw = inflate.decompress(data, max_length=limit)
+            whole = inflate.eof
+            larger = not whole and not inflate.needs_input
+        else:
+            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # the gzip wrapper
+            raw = inflate.decompress(data, limit)
+            whole = inflate.eof
+            larger = bool(inflate.unconsumed_tail)
     except (lzma.LZMAError, EOFError, OSError, zlib.error) as exc:
         raise ArchiveError(f"the {compression} download is truncated or corrupt ({exc})") from None
+    if larger:
+        raise ArchiveError(f"the {compression} download decompresses to more than {limit >> 20} MiB: not an index")
+    if not whole:
+        raise ArchiveError(f"the {compression} download is truncated or corrupt (it ends before its stream does)")
     return raw.decode("utf-8", errors="replace")
+
+
+def keyring() -> str:
+    return os.environ.get(KEYRING_ENV) or KEYRING
+
+
+def verified_release(signed: bytes, ring: str | None = None) -> str:
+    """The text of an ``InRelease`` that gpgv finds well signed by a key of ``ring``; ArchiveError otherwise.
+
+    gpgv writes out only what the signature covers, so nothing outside it can be read as part of the file."""
+    ring = ring or keyring()
+    found = shutil.which("gpgv")
+    if found is None:
+        raise ArchiveError("cannot verify the archive's signature: gpgv is not installed (apt-get install gpgv)")
+    if not os.path.isfile(ring):
+        raise ArchiveError(
+            f"cannot verify the archive's signature: no keyring {ring} (apt-get install debian-archive-keyring)"
+        )
+    done = subprocess.run(
+        [found, "--quiet", "--keyring", ring, "--output", "-", "-"],
+        input=signed,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0 or not done.stdout:
+        why = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+        raise ArchiveError(
+            f"InRelease is not signed by a key of {ring} (gpgv: {why[-1][:200] if why else 'no output'})"
+        )
+    return done.stdout.decode("utf-8", errors="replace")
+
+
+def release_entry(release: str, path: str, now: float) -> tuple[str, int]:
+    """(sha256, size) the verified ``release`` lists for ``path`` (relative to the suite); ArchiveError when it is
+    past its Valid-Until or does not list the file."""
+    fields = dict(re.findall(r"^([A-Za-z-]+):[ \t]*(.*)$", release, re.MULTILINE))
+    valid_until = fields.get("Valid-Until")
+    if valid_until:
+        try:
+            until = email.utils.parsedate_to_datetime(valid_until).timestamp()
+        except (TypeError, ValueError):
+            raise ArchiveError(f"InRelease has an unreadable Valid-Until ({valid_until[:60]!r})") from None
+        if now > until:
+            raise ArchiveError(f"InRelease expired on {valid_until} (a stale or replayed copy of the archive)")
+    section = re.search(r"^SHA256:[ \t]*\n((?:[ \t]+.*\n?)*)", release, re.MULTILINE)
+    for line in (section.group(1) if section else "").splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == path and re.fullmatch(r"[0-9a-f]{64}", parts[0]) and parts[1].isdigit():
+            return parts[0], int(parts[1])
+    raise ArchiveError(f"InRelease does not list {path} in its SHA256 section")
 
 
 # ------------------------------------------------------------------------------------ fetching and the cache
@@ -248,6 +324,7 @@ class Archive:
         self._clock = clock
         self._seen: dict[tuple[str, str, str], Index] = {}
         self._down: dict[str, str] = {}
+        self._releases: dict[str, str] = {}  # each suite's verified InRelease, read once per run
 
     def index(self, mirror: str, suite: str, component: str) -> Index:
         """The suite/component's index; ArchiveError ("cannot check: ...") when neither archive nor cache has it."""
@@ -296,6 +373,7 @@ class Archive:
                 self._down[host] = f"the archive is unreachable ({exc})"
                 raise ArchiveError(self._down[host]) from None
             if answer.status == 200:
+                self._check(mirror, suite, f"{component}/binary-{ARCH}/Packages.{compression}", answer.body)
                 return compression, answer.body
             if answer.status != 404:
                 raise ArchiveError(f"{redact(url)} answered HTTP {answer.status}")
@@ -303,6 +381,40 @@ class Archive:
             f"{redact(index_base(mirror, suite, component))}.xz (nor .gz) is not on the mirror: check the suite, "
             "the component and nvidia_driver_debian_mirror / nvidia_driver_debian_security_mirror"
         )
+
+    def _check(self, mirror: str, suite: str, path: str, data: bytes) -> None:
+        """The download is what the suite's signed InRelease lists, or ArchiveError says why not."""
+        url = f"{mirror.rstrip('/')}/dists/{suite}/InRelease"
+        if url not in self._releases:
+            self._releases[url] = self._release(url)
+        try:
+            sha256, size = release_entry(self._releases[url], path, self._clock())
+        except ArchiveError as exc:
+            raise ArchiveError(f"{redact(url)}: {exc}") from None
+        if (hashlib.sha256(data).hexdigest(), len(data)) != (sha256, size):
+            raise ArchiveError(
+                f"{redact(url)} lists {path} with sha256 {sha256} ({size} bytes) but the download has "
+                f"{hashlib.sha256(data).hexdigest()} ({len(data)} bytes): a changed or corrupt copy"
+            )
+
+    def _release(self, url: str) -> str:
+        try:
+            answer = request(
+                "GET",
+                url,
+                headers={"User-Agent": USER_AGENT},
+                timeout=self._timeout,
+                allow_insecure_http=True,
+                max_body=MAX_RELEASE_BYTES,
+            )
+        except (HttpClientError, UrlRefused) as exc:
+            raise ArchiveError(f"cannot read {redact(url)} ({exc})") from None
+        if answer.status != 200:
+            raise ArchiveError(f"{redact(url)} answered HTTP {answer.status}: the index cannot be verified")
+        try:
+            return verified_release(answer.body)
+        except ArchiveError as exc:
+            raise ArchiveError(f"{redact(url)}: {exc}") from None
 
     def _root(self) -> Path:
         return private_dir(self._cache or cache_dir() / "archive")

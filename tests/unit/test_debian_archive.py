@@ -4,6 +4,7 @@ dists/ layout."""
 
 from __future__ import annotations
 
+import lzma
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,7 @@ def archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandIn
     monkeypatch.setenv("RIGKIT_DEBIAN_MIRROR", standin.url("debian"))
     monkeypatch.setenv("RIGKIT_DEBIAN_SECURITY_MIRROR", standin.url("debian-security"))
     monkeypatch.setenv("RIGKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("RIGKIT_DEBIAN_KEYRING", str(standin.keyring))
     yield standin
     standin.stop()
 
@@ -188,20 +190,20 @@ def test_the_cache_is_used_within_its_window_and_refetched_after(archive: StandI
     clock = Clock()
     mirror = archive.url("debian-security")
     first = Archive(clock=clock).index(mirror, "bookworm-security", "non-free")
-    assert first.versions("nvidia-driver") == [PIN] and len(archive.requests) == 1
+    assert first.versions("nvidia-driver") == [PIN] and len(archive.requests) == 2  # the index and its InRelease
     clock.now += 5 * HOUR
     again = Archive(clock=clock).index(mirror, "bookworm-security", "non-free")
-    assert again.versions("nvidia-driver") == [PIN] and len(archive.requests) == 1 and again.note is None
+    assert again.versions("nvidia-driver") == [PIN] and len(archive.requests) == 2 and again.note is None
     clock.now += 2 * HOUR
     archive.publish("debian-security", "bookworm-security", "non-free", [{"Package": "nvidia-driver", "Version": "9"}])
     later = Archive(clock=clock).index(mirror, "bookworm-security", "non-free")
-    assert later.versions("nvidia-driver") == ["9"] and len(archive.requests) == 2
+    assert later.versions("nvidia-driver") == ["9"] and len(archive.requests) == 4
 
 
 def test_one_plan_run_reads_each_index_once(archive: StandInArchive):
     publish_bookworm(archive)
     report("desktop3050")
-    assert len(archive.requests) == len(set(archive.requests)) == 3 * len(COMPONENTS)
+    assert len(archive.requests) == len(set(archive.requests)) == 3 * len(COMPONENTS) + 3  # and 3 suites' InRelease
 
 
 def test_an_unreachable_archive_with_a_cache_uses_it_and_says_its_age(archive: StandInArchive):
@@ -240,6 +242,7 @@ def test_a_corrupt_download_is_an_error_and_keeps_the_cached_copy(archive: Stand
     [kept] = (tmp_path / "cache" / "archive").glob("*.xz")
     before = kept.read_bytes()
     archive.files[path] = archive.files[path][:-20]  # truncated
+    archive.sign("debian", "bookworm")  # as its InRelease lists it: the download verifies, and does not decompress
     clock.now += 7 * HOUR
     stale = Archive(clock=clock).index(mirror, "bookworm", "main")
     assert stale.versions("linux-image-amd64") == ["1"] and kept.read_bytes() == before
@@ -253,7 +256,7 @@ def test_a_mirror_without_xz_is_read_as_gz(archive: StandInArchive):
     archive.publish("debian", "bookworm", "non-free", [{"Package": "nvidia-smi", "Version": PIN}], compression="gz")
     index = Archive(clock=Clock()).index(archive.url("debian"), "bookworm", "non-free")
     assert index.versions("nvidia-smi") == [PIN]
-    assert [p.rsplit(".", 1)[-1] for p in archive.requests] == ["xz", "gz"]
+    assert [p.rsplit("/", 1)[-1] for p in archive.requests] == ["Packages.xz", "Packages.gz", "InRelease"]
 
 
 def test_an_index_missing_from_the_mirror_says_what_to_check(archive: StandInArchive):
@@ -284,3 +287,56 @@ def test_make_status_notes_a_next_kernel_without_a_module_and_a_dropped_pin(
     ) in notes
     table = render([], notes)
     assert all(note in table for note in notes)
+
+
+# ------------------------------------------------------------------------------------ what is trusted
+def test_an_index_is_trusted_only_as_its_signed_inrelease_lists_it(archive: StandInArchive, tmp_path: Path):
+    """A mirror (or anyone on the plain-http path) that changes an index, or signs its own InRelease, is refused;
+    the copy kept from before stays in use, saying why."""
+    path = archive.publish("debian", "bookworm", "non-free", [{"Package": "nvidia-smi", "Version": PIN}])
+    mirror, clock = archive.url("debian"), Clock()
+    assert Archive(clock=clock).index(mirror, "bookworm", "non-free").versions("nvidia-smi") == [PIN]
+    clock.now += 7 * HOUR
+    forged = lzma.compress(b"Package: nvidia-smi\nVersion: 999\n")
+    archive.files[path] = forged  # the InRelease still lists the real one
+    stale = Archive(clock=clock).index(mirror, "bookworm", "non-free")
+    assert stale.versions("nvidia-smi") == [PIN], stale.note
+    assert "lists non-free/binary-amd64/Packages.xz with sha256" in str(
+        stale.note
+    ) and "a changed or corrupt copy" in str(stale.note)
+    archive.signer = "attacker"
+    archive.sign("debian", "bookworm")  # an InRelease that lists the forged index, signed by another key
+    stale = Archive(clock=clock).index(mirror, "bookworm", "non-free")
+    assert stale.versions("nvidia-smi") == [PIN] and "InRelease: InRelease is not signed by a key of" in str(stale.note)
+    for kept in (tmp_path / "cache" / "archive").glob("*.xz"):
+        kept.unlink()
+    with pytest.raises(ArchiveError, match=r"cannot check bookworm/non-free: .*InRelease is not signed by a key of"):
+        Archive(clock=clock).index(mirror, "bookworm", "non-free")
+
+
+def test_an_expired_inrelease_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A replayed, once-valid InRelease (bookworm-security's carries a Valid-Until a week ahead) is stale."""
+    standin = StandInArchive(valid_until=-60)
+    monkeypatch.setenv("RIGKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("RIGKIT_DEBIAN_KEYRING", str(standin.keyring))
+    try:
+        standin.publish("debian-security", "bookworm-security", "non-free", [{"Package": "nvidia-smi", "Version": PIN}])
+        with pytest.raises(ArchiveError, match=r"InRelease: InRelease expired on "):
+            Archive().index(standin.url("debian-security"), "bookworm-security", "non-free")
+        standin.valid_until = 7 * 24 * HOUR
+        standin.sign("debian-security", "bookworm-security")
+        assert Archive().index(standin.url("debian-security"), "bookworm-security", "non-free").versions(
+            "nvidia-smi"
+        ) == [PIN]
+    finally:
+        standin.stop()
+
+
+def test_an_index_that_inflates_past_the_bound_is_refused(archive: StandInArchive):
+    """A small xz that inflates past MAX_TEXT_BYTES (256 MiB): refused at the bound, never inflated whole."""
+    bomb = lzma.compress(bytes(300 << 20), preset=1)
+    assert len(bomb) < 200_000
+    archive.files["debian/dists/bookworm/main/binary-amd64/Packages.xz"] = bomb
+    archive.sign("debian", "bookworm")  # listed in a good InRelease: only the bound stops it
+    with pytest.raises(ArchiveError, match=r"decompresses to more than 256 MiB: not an index"):
+        Archive(clock=Clock()).index(archive.url("debian"), "bookworm", "main")

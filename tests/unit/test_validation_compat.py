@@ -163,6 +163,7 @@ def archive_env(tmp_path: Path) -> Iterator[tuple[dict[str, str], object]]:
         "RIGKIT_DEBIAN_MIRROR": archive.url("debian"),
         "RIGKIT_DEBIAN_SECURITY_MIRROR": archive.url("debian-security"),
         "RIGKIT_CACHE_DIR": str(tmp_path / "cache"),
+        "RIGKIT_DEBIAN_KEYRING": str(archive.keyring),
     }
     yield env, archive
     archive.stop()
