@@ -46,13 +46,22 @@ class StandInRig(BaseHTTPRequestHandler):
     """llama-server's answers the gateway needs: /health, and a completion after ``delay`` seconds."""
 
     seen: list[str] = []  # noqa: RUF012 - the Authorization headers the rig got, shared by the server's threads
+    received: list[int] = []  # noqa: RUF012 - body bytes of each request the rig read
     delay = 0.0
 
     def do_GET(self) -> None:
         self._answer({"status": "ok"})
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while (size := int(self.rfile.readline().strip() or b"0", 16)) > 0:
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            self.rfile.readline()
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).received.append(len(body))
         type(self).seen.append(self.headers.get("Authorization", ""))
         time.sleep(type(self).delay)
         self._answer({"choices": [{"message": {"content": "hi"}}]})
@@ -384,3 +393,47 @@ def test_an_answered_connection_left_open_is_closed_after_the_keep_alive_timeout
         connection.close()
     print(f"answered connection closed by the gateway after {seconds:.2f} s idle")
     assert closed and KEEP_ALIVE - 0.5 < seconds < KEEP_ALIVE + 2
+
+
+# ------------------------------------------------------------------------------------ item 3: the body limit
+MAX_BODY = 192 * 1024  # roles/fleet_gateway's fleet_gateway_max_body_kib, in bytes
+
+
+def raw_request(gateway: Gateway, head: bytes, body: bytes) -> tuple[int, int]:
+    """(status the gateway answers, bytes of body the rig received) for one hand-written HTTPS request."""
+    context = ssl.create_default_context(cafile=gateway.cert)
+    StandInRig.received.clear()
+    plain = socket.create_connection(("127.0.0.1", gateway.port), timeout=10, source_address=(CLIENT, 0))
+    with context.wrap_socket(plain, server_hostname="127.0.0.1") as tls:
+        tls.sendall(head + body)
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = tls.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    assert answer.startswith(b"HTTP/1."), answer[:200]
+    return int(answer.split(b" ", 2)[1]), sum(StandInRig.received)
+
+
+def chunked(body: bytes, size: int = 8192) -> bytes:
+    parts = [body[i : i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
+
+
+def test_a_chunked_body_behind_a_large_head_cannot_pass_the_body_limit(gateway: Gateway):
+    """A head that fills most of the buffer, then a chunked body of twice the limit: before, HAProxy saw only the
+    part that fitted (under the limit) and streamed the rest to the rig. Now chunked bodies and heads past 16 KiB
+    are refused, so every body the gateway forwards is one it read whole."""
+    document = json.dumps({"model": "tiny-gemma4", "prompt": "x" * (2 * MAX_BODY)}).encode()
+    pad = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 10_000) for i in range(15))  # 150 KB of the 256 KiB buffer
+    common = b"Host: gw\r\nAuthorization: Bearer " + KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+    head = b"POST /v1/completions HTTP/1.1\r\n" + common + pad + b"Transfer-Encoding: chunked\r\n\r\n"
+    status, forwarded = raw_request(gateway, head, chunked(document))
+    assert (status, forwarded) == (411, 0), f"HTTP {status}, {forwarded} body bytes reached the rig"
+    small = b"POST /v1/completions HTTP/1.1\r\n" + common + b"Transfer-Encoding: chunked\r\n\r\n"
+    assert raw_request(gateway, small, chunked(b'{"model": "tiny-gemma4"}'))[0] == 411  # chunked at all
+    big_head = b"POST /v1/completions HTTP/1.1\r\n" + common + pad + b"Content-Length: 24\r\n\r\n"
+    assert raw_request(gateway, big_head, b'{"model": "tiny-gemma4"}') == (431, 0)
+    fine = b"POST /v1/completions HTTP/1.1\r\n" + common + b"Content-Length: 24\r\nConnection: close\r\n\r\n"
+    assert raw_request(gateway, fine, b'{"model": "tiny-gemma4"}') == (200, 24)
