@@ -141,6 +141,18 @@ def _key_file(write: Any, *args: Any) -> str:
         raise AnsibleFilterError(str(exc)) from None
 
 
+def _rig_keys(upstreams: list[Mapping[str, Any]], hostvars: Mapping[str, Any]) -> dict[str, Any]:
+    """{rig: llama_server_api_key} of the plan's keyed rigs, read from hostvars only here (by a no_log task)."""
+    keys: dict[str, Any] = {}
+    for item in upstreams:
+        if item.get("keyed"):
+            try:
+                keys[str(item["rig"])] = hostvars[str(item["rig"])]["llama_server_api_key"]
+            except Exception as exc:
+                raise AnsibleFilterError(f"{item.get('rig')}: cannot read llama_server_api_key ({exc})") from None
+    return keys
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -149,7 +161,9 @@ class FilterModule:
             # every API key's whole-value rule, for the gateway's and the rigs' own checks alike
             "api_key_problem": api_key_problem_filter,
             "fleet_gateway_client_keys_file": lambda key, gateway: _key_file(client_keys_file, key, gateway),
-            "fleet_gateway_rig_keys_file": lambda upstreams: _key_file(rig_keys_file, upstreams),
+            "fleet_gateway_rig_keys_file": lambda upstreams, hostvars: _key_file(
+                rig_keys_file, upstreams, _rig_keys(upstreams, hostvars)
+            ),
             "fleet_gateway_key_file_problems": key_file_problems,
             "fleet_monitor_plan": fleet_monitor_plan,
             "fleet_monitor_prometheus_config": prometheus_config,

@@ -37,7 +37,8 @@ class Upstream:
     # The name the rig's certificate must carry (the kit's own certificate always lists the rig's inventory
     # name); empty: the certificate the rig presents is pinned as the only trusted one, without a name check.
     verify_name: str
-    api_key: str
+    # whether the rig wants llama_server_api_key: the plan names rigs, never their keys (it is a fact, shown by -v)
+    keyed: bool
     # where the rig keeps the certificate its server presents (read from the rig for verification)
     cert_path: str
     # llama-server's slots: more concurrent requests would only queue inside the rig
@@ -140,7 +141,7 @@ def upstream(
             port=port,
             tls=tls,
             verify_name=verify_name if tls else "",
-            api_key=api_key,
+            keyed=bool(api_key),
             cert_path=tls_cert_path(values.get("llama_server_instance") or "main") if tls else "",
             max_connections=max(parallel, 1),
         ),
@@ -232,14 +233,16 @@ def client_keys_file(key: Any, gateway: str) -> str:
     return text
 
 
-def rig_keys_file(upstreams: list[Mapping[str, Any]]) -> str:
-    """The rig key map: `RIG KEY` per rig with a key, each a single token (HAProxy takes a map line's value from
-    its first blank to the end: a second field would become part of the key sent)."""
+def rig_keys_file(upstreams: list[Mapping[str, Any]], keys: Mapping[str, Any]) -> str:
+    """The rig key map: `RIG KEY` per keyed rig of the plan, its key from ``keys`` (rig: llama_server_api_key, read
+    by a no_log task), each a single token (HAProxy takes a map line's value from its first blank to the end: a
+    second field would become part of the key sent)."""
     lines = ["# rig  its llama_server_api_key (roles/fleet_gateway)"]
     for item in upstreams:
-        rig, key = str(item.get("rig", "")), item.get("api_key") or ""
-        if not key:
+        rig = str(item.get("rig", ""))
+        if not item.get("keyed"):
             continue
+        key = keys.get(rig) or ""
         if not RIG_NAME_RE.match(rig) or not isinstance(key, str) or not API_KEY_RE.match(key):
             raise KeyFileError(
                 f"{rig!r}: its name must be one token and llama_server_api_key {API_KEY_SHAPE} (the rig key map "

@@ -91,7 +91,6 @@ def node_target(
         "verify_name": rig if tls else "",  # the certificate the role makes lists the rig's inventory name
         "cert_path": NODE_EXPORTER_CERT if tls else "",
         "username": str(values.get("node_exporter_username") or "") if tls else "",
-        "password": str(values.get("node_exporter_password") or "") if tls else "",
     }, []
 
 
@@ -177,7 +176,7 @@ def prometheus_config(
         }
         if upstream["tls"]:
             job["tls_config"] = _tls_config(upstream, certs_dir)
-        if upstream["api_key"]:
+        if upstream["keyed"]:
             job["authorization"] = {"type": "Bearer", "credentials_file": f"{keys_dir}/{upstream['rig']}"}
         scrapes.append(job)
     for node in nodes:

@@ -24,12 +24,12 @@ MTP = {"models_target": "tiny-gemma4-target", "llama_server_port": 18081, "llama
 def test_loopback_rigs_are_fronted_only_from_their_own_network():
     found, problems = upstream("sandbox-mtp", MTP, CATALOG, shares_network=True, gateway="fleet")
     assert not problems and found is not None
-    assert (found.address, found.port, found.tls, found.alias, found.api_key) == (
+    assert (found.address, found.port, found.tls, found.alias, found.keyed) == (
         "127.0.0.1",
         18081,
         False,
         "tiny-gemma4",
-        "",
+        False,
     )
     found, problems = upstream("sandbox-mtp", MTP, CATALOG, shares_network=False, gateway="nas")
     assert found is None
@@ -53,13 +53,14 @@ def test_a_lan_rig_is_reached_over_tls_verified_by_its_inventory_name_with_its_o
     }
     found, problems = upstream("desktop3050", rig, CATALOG, shares_network=False, gateway="fleet")
     assert not problems and found is not None
-    assert (found.address, found.tls, found.verify_name, found.api_key, found.max_connections) == (
+    assert (found.address, found.tls, found.verify_name, found.keyed, found.max_connections) == (
         "192.168.1.20",
         True,
         "desktop3050",
-        "k" * 32,
+        True,  # keyed: the plan never holds the key itself
         2,
     )
+    assert "k" * 32 not in repr(found)
     assert found.cert_path == "/etc/rigkit/tls/main/server.crt"
     # a certificate the user issued is checked for the address the gateway connects to (a name), or pinned (an IP)
     given = {**rig, "llama_server_tls_cert": "-----BEGIN CERTIFICATE-----"}
@@ -145,12 +146,16 @@ def test_the_client_key_file_refuses_anything_but_one_token(key):
 def test_key_files_hold_one_token_per_key_and_are_read_back_as_haproxy_reads_them():
     client = client_keys_file(KEY, "fleet")
     assert [line for line in client.splitlines() if not line.startswith("#")] == [KEY]
-    rigs = rig_keys_file([{"rig": "desktop", "api_key": "k" * 32}, {"rig": "sandbox", "api_key": ""}])
+    rigs = rig_keys_file(
+        [{"rig": "desktop", "keyed": True}, {"rig": "sandbox", "keyed": False}], {"desktop": "k" * 32, "sandbox": "x"}
+    )
     assert [line for line in rigs.splitlines() if not line.startswith("#")] == ["desktop " + "k" * 32]
     with pytest.raises(KeyFileError):
-        rig_keys_file([{"rig": "desktop", "api_key": "k" * 32 + "\n"}])
+        rig_keys_file([{"rig": "desktop", "keyed": True}], {"desktop": "k" * 32 + "\n"})
     with pytest.raises(KeyFileError):
-        rig_keys_file([{"rig": "two words", "api_key": "k" * 32}])
+        rig_keys_file([{"rig": "two words", "keyed": True}], {"two words": "k" * 32})
+    with pytest.raises(KeyFileError):
+        rig_keys_file([{"rig": "desktop", "keyed": True}], {})  # keyed in the plan, no key given
     assert key_file_problems(client, client, "/etc/haproxy/rigkit/client-keys.lst") == []
     # a file that holds one more line than was written is caught before the reload, without showing a key
     problems = key_file_problems(client + "client\n", client, "/etc/haproxy/rigkit/client-keys.lst")

@@ -12,7 +12,7 @@ import yaml
 
 from rigkit.fleet.monitor import SCRAPE_LIMITS, alert_rules, bench_decode_rate, lock_labels, prometheus_config
 from rigkit.fleet.promtool import promtool
-from tests.support import CACHE_DIR, REPO, run
+from tests.support import CACHE_DIR, REPO, group_vars, run
 
 UPSTREAMS = [
     {
@@ -21,9 +21,9 @@ UPSTREAMS = [
         "port": 8080,
         "tls": True,
         "verify_name": "desktop3050",
-        "api_key": "k" * 32,
+        "keyed": True,
     },
-    {"rig": "sandbox", "address": "127.0.0.1", "port": 18080, "tls": False, "verify_name": "", "api_key": ""},
+    {"rig": "sandbox", "address": "127.0.0.1", "port": 18080, "tls": False, "verify_name": "", "keyed": False},
 ]
 LOCK = {
     "gpu": {"name": "NVIDIA GeForce RTX 3050"},
@@ -272,7 +272,7 @@ def test_a_rigs_node_exporter_on_loopback_is_scraped_only_from_a_host_sharing_it
 
     values = {"node_exporter_host": "127.0.0.1", "node_exporter_port": "19081"}
     node, why = node_target("sandbox-mtp", values, shares_network=True, host="fleet")
-    assert why == [] and (node["address"], node["port"], node["tls"], node["password"]) == (
+    assert why == [] and (node["address"], node["port"], node["tls"], node["username"]) == (
         "127.0.0.1",
         19081,
         False,
@@ -398,8 +398,7 @@ def test_an_exposed_node_exporter_is_scraped_over_tls_as_its_user(tool: Path, tm
         "verify_name": "desktop3050",
         "cert_path": NODE_EXPORTER_CERT,
         "username": "prometheus",
-        "password": "p" * 24,
-    }
+    }  # the password stays in the inventory: a no_log task writes its file from hostvars
     labels = {"desktop3050": lock_labels("desktop3050", LOCK, 3)}
     config = configuration(tmp_path, [], labels, {}, ("desktop3050-node.crt", "desktop3050-node"), nodes=[node])
     (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "node-desktop3050"]
@@ -510,3 +509,32 @@ def test_the_alert_webhook_url_stays_out_of_diffs_and_verbose_output(tmp_path: P
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert "rigkit-alerts" not in done.stdout + done.stderr, extra
     assert WEBHOOK in written.read_text()
+
+
+def test_the_monitors_plan_names_rigs_and_never_holds_their_secrets(tmp_path, monkeypatch):
+    """The plan is a fact (set_fact, shown by -v): keyed rigs and TLS node exporters are named, their API key and
+    exporter password stay in the inventory, read only by the no_log tasks that write their files."""
+    from filter_plugins.fleet import FilterModule
+
+    monkeypatch.setenv("RIGKIT_LOCK_FILE", str(tmp_path / "rigs.lock.json"))
+    key, password = "rig-api-key-" + "9e1b" * 6, "node-password-" + "4c7d" * 6
+    catalog = group_vars("all/model_catalog")["model_catalog"]
+    hostvars = {
+        "desktop3050": {
+            "models_target": "tiny-gemma4-target",
+            "llama_server_host": "0.0.0.0",
+            "ansible_host": "192.168.1.20",
+            "llama_server_api_key": key,
+            "node_exporter_host": "0.0.0.0",
+            "node_exporter_username": "prometheus",
+            "node_exporter_password": password,
+            "model_catalog": catalog,
+        },
+        "nas": {"model_catalog": catalog},
+    }
+    planned = FilterModule().filters()["fleet_monitor_plan"](["desktop3050"], hostvars, "nas", False)
+    assert not planned["problems"], planned["problems"]
+    assert [u["rig"] for u in planned["upstreams"] if u["keyed"]] == ["desktop3050"]
+    assert [n["rig"] for n in planned["nodes"] if n["tls"]] == ["desktop3050"]
+    shown = json.dumps(planned)
+    assert key not in shown and password not in shown

@@ -437,3 +437,13 @@ def test_a_chunked_body_behind_a_large_head_cannot_pass_the_body_limit(gateway: 
     assert raw_request(gateway, big_head, b'{"model": "tiny-gemma4"}') == (431, 0)
     fine = b"POST /v1/completions HTTP/1.1\r\n" + common + b"Content-Length: 24\r\nConnection: close\r\n\r\n"
     assert raw_request(gateway, fine, b'{"model": "tiny-gemma4"}') == (200, 24)
+
+
+# ------------------------------------------------------------------------------------ item 3: secrets in output
+def test_no_key_appears_in_the_roles_task_results(gateway: Gateway):
+    """Every task result of the role's checks and file tasks, as Ansible's JSON callback reports them (what -v
+    prints): the plan names rigs, and only no_log tasks read their keys."""
+    shown = json.dumps(gateway.rendered.result)
+    assert "gw-rig" in shown and "tiny-gemma4" in shown  # the plan is there
+    assert RIG_KEY not in shown, "the rig's llama_server_api_key is in a task result"
+    assert KEY not in shown, "the client key is in a task result"
