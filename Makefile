@@ -48,6 +48,7 @@ discover: setup ## write a rig's host profile from the machine: make discover ho
 
 provision: setup ## converge one rig: make provision host=NAME (default: the sandbox)
 	@$(BIN)/python bin/rigkit check-host '$(host)'
+	@$(BIN)/python bin/rigkit pin --first-use --host '$(host)'
 	$(BIN)/ansible-playbook playbooks/provision.yml --limit '$(host)' $(VAULT_ARGS) $(ARGS)
 
 check: setup ## drift check: check + diff, exit 2 and summarise when the rig differs from the repo: make check host=NAME

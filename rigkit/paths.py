@@ -90,3 +90,14 @@ def inventory_sources() -> list[str]:
     """The inventory Ansible will read: $ANSIBLE_INVENTORY (comma-separated) when set, else ansible.cfg's."""
     sources = [part for part in os.environ.get("ANSIBLE_INVENTORY", "").split(",") if part]
     return [str(REPO / source) if not os.path.isabs(source) else source for source in sources] or [str(INVENTORY)]
+
+
+def inventory_catalog() -> Path:
+    """The model catalog of the inventory Ansible will read (its group_vars/all/model_catalog.yml), the kit's own
+    when that inventory has none: what pinning on first use writes."""
+    for source in inventory_sources():
+        root = Path(source) if os.path.isdir(source) else Path(source).parent
+        candidate = root / "group_vars" / "all" / "model_catalog.yml"
+        if candidate.is_file():
+            return candidate
+    return CATALOG

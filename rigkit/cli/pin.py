@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
+import yaml
 from ansible.module_utils.printable import printable
 
 from rigkit.cli.inventory import host_values
-from rigkit.paths import CATALOG
+from rigkit.paths import CATALOG, inventory_catalog
 from rigkit.pinning.hf_api import DEFAULT_ENDPOINT
 
 
@@ -51,18 +53,63 @@ def _print_pin(result: object) -> None:
     )
 
 
+def _endpoint_notice(endpoint: str) -> None:
+    if endpoint.rstrip("/") != DEFAULT_ENDPOINT:
+        origin = "$HF_ENDPOINT" if endpoint == os.environ.get("HF_ENDPOINT") else "--endpoint"
+        print(
+            f"rigkit pin: asking {printable(endpoint, 200)} (from {origin}), not {DEFAULT_ENDPOINT}; HF_TOKEN, "
+            "if set, goes there too (over https only)",
+            file=sys.stderr,
+        )
+
+
+def first_use(pattern: str, api: object, notice: Callable[[], None]) -> int:
+    """`make provision`'s step before validation: every entry the rigs of ``pattern`` need that carries a trusted
+    sha256 but is not fully pinned (or has no shape facts) is pinned as `make pin` would. Nothing to pin: silent.
+    What cannot be pinned here (no Hub access, no commit holding the sha256) is said in one line and left to the
+    validation's refusal; exit 0 either way."""
+    from ansible.module_utils.model_catalog import unpinned_fields
+
+    from rigkit.cli.inventory import known_rigs
+    from rigkit.pinning.hf_api import SHA256_RE
+    from rigkit.pinning.models import PinError, pin_entry
+    from rigkit.validation.catalog_shape import has_shape
+
+    catalog_path = inventory_catalog()
+    catalog = (yaml.safe_load(catalog_path.read_text()) or {}).get("model_catalog") or {}
+    wanted: dict[str, str] = {}
+    for rig in known_rigs(pattern):
+        for name in host_model_names(rig):
+            entry = catalog.get(name)
+            trusted = isinstance(entry, dict) and SHA256_RE.fullmatch(str(entry.get("sha256") or ""))
+            if trusted and (unpinned_fields(dict(entry)) or not has_shape(entry)):
+                wanted.setdefault(name, rig)
+    shown = os.path.relpath(catalog_path)
+    if wanted:
+        notice()
+    for name, rig in wanted.items():
+        try:
+            result = pin_entry(name, None, catalog_path=str(catalog_path), api=api)
+        except PinError as exc:
+            print(f"rigkit: {name} ({rig}) not pinned on first use: {str(exc).splitlines()[0]}", file=sys.stderr)
+            if str(exc).startswith("cannot reach"):
+                break  # no Hub from here: the validation's refusal says what to run where it is
+            continue
+        print(
+            f"rigkit: {name} ({rig}) pinned on first use to {result.repo} @ {result.revision} (its trusted sha256, "
+            f"{result.size} bytes) in {shown}: commit it (git commit {shown})"
+        )
+    return 0
+
+
 def pin(args: argparse.Namespace) -> int:
     from rigkit.pinning.models import HubApi, PinError, pin_entry, pin_host
 
     revision = args.revision_opt or args.revision
-    if args.endpoint.rstrip("/") != DEFAULT_ENDPOINT:
-        origin = "$HF_ENDPOINT" if args.endpoint == os.environ.get("HF_ENDPOINT") else "--endpoint"
-        print(
-            f"rigkit pin: asking {printable(args.endpoint, 200)} (from {origin}), not {DEFAULT_ENDPOINT}; HF_TOKEN, "
-            "if set, goes there too (over https only)",
-            file=sys.stderr,
-        )
     api = HubApi(args.endpoint, token=os.environ.get("HF_TOKEN") or None, allow_insecure_http=args.allow_insecure_http)
+    if args.first_use:
+        return first_use(args.host or "", api, lambda: _endpoint_notice(args.endpoint))
+    _endpoint_notice(args.endpoint)
     if bool(args.name) == bool(args.host):
         print(
             "rigkit pin: give a model or a rig: make pin model=NAME [revision=REF] | make pin host=RIG", file=sys.stderr
@@ -121,5 +168,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="replace an existing, different pin; with a trusted sha256, pin what REVISION holds instead of the walk",
     )
     pin_cmd.add_argument("--allow-insecure-http", action="store_true", help="accept a plain http:// local endpoint")
+    pin_cmd.add_argument(
+        "--first-use",
+        action="store_true",
+        help="with --host RIGS (a pattern): pin the entries with a trusted sha256 those rigs need, quietly when none "
+        "(make provision's first step); what cannot be pinned is left to the validation",
+    )
 
     pin_cmd.set_defaults(func=pin)

@@ -601,3 +601,46 @@ def test_the_pin_line_says_what_was_measured(capsys: pytest.CaptureFixture[str])
         "  shape  2 header facts, weights 5,120 MiB (3,072 MiB of them on the GPU with every layer offloaded), read "
         "from the GGUF's first bytes"
     )
+
+
+def test_make_provision_pins_trusted_entries_on_first_use(tmp_path: Path, tls_files: tuple[Path, Path, Path]) -> None:
+    """The seed rigs in one command: entries with a trusted sha256 but no revision are pinned by make provision as
+    make pin would, said and left for the user to commit; without the Hub the validation's refusal stays."""
+    hosts, copy = inventory_copy(tmp_path)
+    ca, cert, key = tls_files
+    exact, drafter = entry(CATALOG, EXACT), entry(CATALOG, DRAFTER)
+    assert not exact["revision"] and not drafter["revision"]
+    unreachable_rig = "ARGS=-e ansible_host=127.0.0.1 -e ansible_port=1"
+    offline = run(
+        ["make", "--no-print-directory", "provision", "host=desktop3050", unreachable_rig],
+        ANSIBLE_INVENTORY=str(hosts),
+        HF_ENDPOINT="https://127.0.0.1:9",
+    )
+    assert offline.returncode != 0 and f"rigkit: {EXACT} (desktop3050) not pinned on first use: cannot reach" in (
+        offline.output
+    )
+    assert "make pin host=desktop3050" in offline.output and entry(copy, EXACT)["revision"] is None
+    with HfStandin(tls_cert=cert, tls_key=key) as hub:
+        name = exact["filename"]
+        reported = {"sha256": {name: exact["sha256"]}, "size": {name: exact["size"]}}
+        hub.add_commit(exact["repo"], C2, {name: b"GGUF" + b"e" * 900}, **reported)
+        name = drafter["filename"]
+        hub.add_commit(drafter["repo"], C1, {name: b"GGUF" + b"d" * 900}, sha256={name: drafter["sha256"]})
+        done = run(
+            ["make", "--no-print-directory", "provision", "host=desktop3050", unreachable_rig],
+            ANSIBLE_INVENTORY=str(hosts),
+            HF_ENDPOINT=hub.base_url,
+            SSL_CERT_FILE=str(ca),
+        )
+    shown = os.path.relpath(copy, REPO)
+    assert f"rigkit: {EXACT} (desktop3050) pinned on first use to {exact['repo']} @ {C2}" in done.output, done.tail()
+    assert f"in {shown}: commit it (git commit {shown})" in done.output
+    assert (entry(copy, EXACT)["revision"], entry(copy, DRAFTER)["revision"], entry(copy, DRAFTER)["size"]) == (
+        C2,
+        C1,
+        904,
+    )
+    counters = recap(done.output)["desktop3050"]  # past the validation: only the rig itself is not there
+    assert (counters["failed"], counters["unreachable"]) == (0, 1), done.tail()
+    again = run(["python", "bin/rigkit", "pin", "--first-use", "--host", "desktop3050"], ANSIBLE_INVENTORY=str(hosts))
+    assert again.returncode == 0 and again.output == ""  # nothing left to pin: silent, and no Hub asked
