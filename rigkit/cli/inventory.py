@@ -50,6 +50,25 @@ def host_values(host: str, names: tuple[str, ...]) -> dict[str, Any]:
     return {name: templar.template(variables[name]) for name in names if name in variables}
 
 
+def pattern_values(pattern: str, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """{host: these variables (templated)} of every host of ``pattern``, the inventory read once."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    _load_plugins()
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=inventory_sources())
+    manager = VariableManager(loader=loader, inventory=inventory)
+    found: dict[str, dict[str, Any]] = {}
+    for host in inventory.get_hosts(pattern):
+        variables = manager.get_vars(host=host)
+        templar = Templar(loader=loader, variables=variables)
+        found[host.name] = {name: templar.template(variables[name]) for name in names if name in variables}
+    return found
+
+
 def inventory_yaml_errors() -> list[str]:
     """file:line:column of each YAML syntax error in the inventory (Ansible's own message hides the mark)."""
     from rigkit.inventory_files import inventory_yaml_errors as errors

@@ -70,7 +70,7 @@ def first_use(pattern: str, api: object, notice: Callable[[], None]) -> int:
     validation's refusal; exit 0 either way."""
     from ansible.module_utils.model_catalog import unpinned_fields
 
-    from rigkit.cli.inventory import known_rigs
+    from rigkit.cli.inventory import pattern_values
     from rigkit.pinning.hf_api import SHA256_RE
     from rigkit.pinning.models import PinError, pin_entry
     from rigkit.validation.catalog_shape import has_shape
@@ -78,8 +78,8 @@ def first_use(pattern: str, api: object, notice: Callable[[], None]) -> int:
     catalog_path = inventory_catalog()
     catalog = (yaml.safe_load(catalog_path.read_text()) or {}).get("model_catalog") or {}
     wanted: dict[str, str] = {}
-    for rig in known_rigs(pattern):
-        for name in host_model_names(rig):
+    for rig, values in pattern_values(pattern, ("models_target", "models_drafter")).items():
+        for name in (str(value) for value in values.values() if value not in (None, "")):
             entry = catalog.get(name)
             trusted = isinstance(entry, dict) and SHA256_RE.fullmatch(str(entry.get("sha256") or ""))
             if trusted and (unpinned_fields(dict(entry)) or not has_shape(entry)):
