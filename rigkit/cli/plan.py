@@ -16,6 +16,7 @@ from rigkit.cli.inventory import host_values
 NAMES = (
     "rig_kind",
     "rig_gpu",
+    "rig_os",
     "nvidia_driver_branch",
     "nvidia_driver_version",
     "nvidia_driver_kernel_modules",

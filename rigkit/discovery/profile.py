@@ -219,6 +219,10 @@ def plan_profile(
             )
         pin = DRIVER_PINS[(facts.os_id, facts.os_version)]
         branch, version, driver_source = pin.branch, pin.version, pin.source
+        values["rig_os"] = f"{facts.os_id}{facts.os_version}"
+        comments["rig_os"] = (
+            f"The release (os-release: {facts.os_pretty}): the driver pins below are checked against it"
+        )
         values["rig_gpu"] = {
             "name": gpu.name,
             "vram_mib": gpu.vram_mib,
@@ -463,6 +467,9 @@ def render_host_vars(profile: Profile) -> str:
             out.append("# ansible_user: your-login")
     out.append("")
     if profile.kind == "gpu":
+        out += _wrap(c["rig_os"])
+        put("rig_os", v["rig_os"])  # a key of DRIVER_PINS: the release was checked against them
+        out.append("")
         gpu = v["rig_gpu"]
         out += _wrap(c["rig_gpu"])
         put(

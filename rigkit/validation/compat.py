@@ -34,11 +34,12 @@ from ansible.module_utils.cuda_compat import (
     runs_on_gpu_problem,
     shown_cuda,
 )
-from ansible.module_utils.nvidia_compat import compute_capability, open_modules_problem
+from ansible.module_utils.nvidia_compat import DRIVER_PINS, compute_capability, open_modules_problem
 
 from rigkit import REPO, proofs
 from rigkit.validation.debian_archive import ArchiveError, Index, dpkg_key, kernel_abi, mirrors, newest, split_version
 from rigkit.validation.driver_support_rows import plan_lines as support_lines
+from rigkit.validation.variables import RIG_OS
 
 RUNTIME_PACKAGES = "llamacpp_image_cuda_runtime_packages"
 TOOLCHAIN_PACKAGES = "llamacpp_image_cuda_toolchain_packages"
@@ -107,6 +108,28 @@ def _modules_problem(rig: RigCompat) -> str | None:
     return None
 
 
+DEBIAN_CODENAMES = {"12": "bookworm", "13": "trixie"}
+
+
+def rig_os_problem(values: Mapping[str, Any]) -> tuple[str, Any, str] | None:
+    """A driver branch the rig's own release does not package (a Debian 13 laptop carrying Debian 12's 535 pin),
+    with the pin to use; None when the rig names no release, takes its driver from NVIDIA, or matches."""
+    rig_os = values.get("rig_os")
+    if rig_os not in RIG_OS or values.get("nvidia_driver_source") != "distro":
+        return None
+    pin = DRIVER_PINS[RIG_OS[str(rig_os)]]
+    branch = str(values.get("nvidia_driver_branch") or "")
+    if branch == pin.branch:
+        return None
+    version = f' and nvidia_driver_version: "{pin.version}"' if pin.version else ' and nvidia_driver_version: ""'
+    return (
+        "nvidia_driver_branch",
+        branch,
+        f"the rig runs {rig_os} (rig_os), whose archive packages branch {pin.branch}, not {branch} "
+        f'({pin.source}): set nvidia_driver_branch: "{pin.branch}"{version}',
+    )
+
+
 def compat_findings(values: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
     """(variable, value, why and what to do) for every combination the rig's driver, GPU and image cannot run.
     ``values``: the rig's variables over the defaults of ROLES."""
@@ -114,6 +137,8 @@ def compat_findings(values: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
         return []
     rig = RigCompat.of(values)
     found: list[tuple[str, Any, str]] = []
+    if wrong_release := rig_os_problem(values):
+        found.append(wrong_release)
     if rig.capability is not None:
         if why := branch_problem(rig.branch, rig.capability):
             found.append(("nvidia_driver_branch", rig.branch, why))
@@ -219,6 +244,12 @@ def debian_release(values: Mapping[str, Any], root: Path = REPO) -> tuple[str | 
     source = values.get("nvidia_driver_source")
     if source != "distro":
         return None, f"nvidia_driver_source is {source!r}: the driver does not come from Debian's archive"
+    rig_os = str(values.get("rig_os") or "")
+    if rig_os in RIG_OS:
+        distro, version = RIG_OS[rig_os]
+        if distro != "debian":
+            return None, f"the rig runs {rig_os} (rig_os): its driver comes from Ubuntu's archive, which is not read"
+        return DEBIAN_CODENAMES[version], f"Debian {version} ({DEBIAN_CODENAMES[version]}), the rig's release (rig_os)"
     branch = str(values.get("nvidia_driver_branch") or "")
     branches = _role_vars(root, "Debian").get("__nvidia_driver_distro_branches") or {}
     releases = [str(release) for release, carried in branches.items() if str(carried) == branch]
@@ -228,8 +259,8 @@ def debian_release(values: Mapping[str, Any], root: Path = REPO) -> tuple[str | 
             "a Debian rig cannot install it from there, and Ubuntu's archive is not read"
         )
     return releases[0], (
-        f"Debian {releases[0]}, the release whose non-free archive carries branch {branch} (the inventory does "
-        "not name a rig's distribution)"
+        f"Debian {releases[0]}, the release whose non-free archive carries branch {branch} (the rig's host_vars name "
+        "no rig_os; make discover writes it)"
     )
 
 

@@ -8,7 +8,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ansible.module_utils.nvidia_compat import DRIVER_PINS
+
 from rigkit import REPO
+
+# rig_os (make discover writes it from os-release): each supported release, as DRIVER_PINS knows them.
+RIG_OS = {f"{distro}{version}": (distro, version) for distro, version in DRIVER_PINS}
 
 # The role entry points that run on a rig of each kind: what playbooks/provision.yml (and status.yml) runs, which
 # shapes the rig, and what bench.yml runs, which only reads it.
@@ -50,6 +55,12 @@ SHAPING_ROLES = tuple(
 KIT_VARIABLES: dict[str, dict[str, Any]] = {
     "rig_kind": {"type": "str", "choices": ["gpu", "sandbox"], "description": "What the rig is."},
     "rig_gpu": {"type": "dict", "description": "The GPU: name, vram_mib, compute_capability, headless, pci_device_id."},
+    "rig_os": {
+        "type": "str",
+        "choices": sorted(RIG_OS),
+        "description": "The rig's release (make discover writes it from os-release): its driver pins are checked "
+        "against it.",
+    },
     "rig_wants_cuda": {"type": "bool", "description": "Install the host CUDA toolkit (role cuda)."},
     "rig_controller_cache_dir": {"type": "path", "description": "Controller cache (downloads, builds)."},
     "rig_expected_min_acceptance": {"type": "float", "description": "Canary acceptance the rig tests expect."},

@@ -117,6 +117,7 @@ def test_seed_rigs_get_their_hand_written_profiles(host: str, text: str) -> None
     repo = yaml.safe_load((REPO / f"inventory/host_vars/{host}.yml").read_text())
     written = plan(text)
     assert {key: written[key] for key in SHARED_KEYS} == {key: repo[key] for key in SHARED_KEYS}
+    assert written["rig_os"] == "debian12"  # the release its driver pin is checked against
 
 
 @pytest.mark.parametrize(("host", "text"), [("desktop3050", RTX3050), ("laptop1650ti", GTX1650TI)])
@@ -233,6 +234,7 @@ def test_profiles_of_other_cards_resolve_in_the_inventory(inventory_copy: Path) 
         assert hv["llama_server_ctx_size"] == 8192 and hv["llama_server_spec_type"] == "draft-mtp", name
         assert hv["llama_server_flash_attn"] == ("off" if "E4B" in machine["target"] else "on"), name
         assert (hv["ansible_host"], hv["ansible_user"], hv["rig_kind"]) == (f"{name}.lan", "admin", "gpu"), name
+        assert hv["rig_os"] in ("debian12", "debian13", "ubuntu22.04", "ubuntu24.04"), name
     for path in (inventory_copy / "host_vars").glob("*.yml"):
         lint = run(["yamllint", "--strict", "-c", str(REPO / ".yamllint"), str(path)])
         assert lint.returncode == 0, lint.output

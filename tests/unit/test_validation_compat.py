@@ -24,7 +24,7 @@ from rigkit import REPO, proofs
 from rigkit.validation.compat import ROLES, compat_findings, known_good_kernels, plan_lines
 from rigkit.validation.rules import role_defaults
 from tests.fixtures.debian_archive import StandInArchive, publish_bookworm, publish_trixie_cuda
-from tests.support import copy_proof_inputs, run, seed_values
+from tests.support import copy_proof_inputs, recap, run, seed_values
 
 CUDA_1241 = (12, 4, 1)
 
@@ -242,6 +242,56 @@ def test_make_plan_exits_1_naming_the_refused_pin(tmp_path: Path, archive_env):
         "rigkit plan: laptop1650ti: nvidia_driver_version is '520.61.05': CUDA 12.4.1 (the image's runtime) runs on "
         "driver 525.60.13 or newer" in result.output
     ), result.output
+
+
+def test_a_debian_13_rig_with_debian_12s_pin_is_refused_before_contact_naming_the_pin(tmp_path: Path, archive_env):
+    """The laptop upgraded to Debian 13 (rig_os: debian13, as make discover writes it) still carries Debian 12's 535
+    pin: make plan and the validation refuse it, naming the pin its release packages; before, both passed and the
+    rig's apt stopped the run."""
+    env, _ = archive_env
+    inventory = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory", inventory, ignore=shutil.ignore_patterns("rigs.lock.json"))
+    host_file = inventory / "host_vars" / "laptop1650ti.yml"
+    host_file.write_text(host_file.read_text() + "rig_os: debian13\n")
+    wanted = (
+        "nvidia_driver_branch is '535': the rig runs debian13 (rig_os), whose archive packages branch 550, not 535 "
+        '(Debian 13\'s non-free (the 550 whose module builds on 6.12.118)): set nvidia_driver_branch: "550" and '
+        'nvidia_driver_version: "550.163.01"'
+    )
+    planned = run(
+        ["make", "--no-print-directory", "plan", "host=laptop1650ti"],
+        ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
+        **env,
+    )
+    assert planned.returncode != 0 and f"rigkit plan: laptop1650ti: {wanted}" in planned.output, planned.output
+    checked = run(
+        [
+            "make",
+            "--no-print-directory",
+            "check",
+            "host=laptop1650ti",
+            "ARGS=-e ansible_host=127.0.0.1 -e ansible_port=1",
+        ],
+        ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
+        **env,
+    )
+    assert checked.returncode != 0 and "inventory/host_vars/laptop1650ti.yml: nvidia_driver_branch is" in checked.output
+    assert (
+        "the rig runs debian13 (rig_os)" in checked.output and recap(checked.output)["laptop1650ti"]["unreachable"] == 0
+    )
+    host_file.write_text(
+        host_file.read_text()
+        .replace('nvidia_driver_branch: "535"', 'nvidia_driver_branch: "550"')
+        .replace('nvidia_driver_version: "535.309.01"', 'nvidia_driver_version: "550.163.01"')
+    )
+    fixed = run(
+        ["make", "--no-print-directory", "plan", "host=laptop1650ti"],
+        ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
+        **env,
+    )
+    assert (
+        "the rig runs debian13" not in fixed.output and "Debian 13 (trixie), the rig's release (rig_os)" in fixed.output
+    )
 
 
 def test_make_plan_names_an_image_pin_the_archive_dropped_and_the_version_to_move_to(archive_env):
