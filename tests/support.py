@@ -378,16 +378,19 @@ def rig_suite(host: str, *, log_name: str, inventory: str | None = "inventory/ho
                 outcome.skipped[name] = skipped.get("message", "")
             else:
                 outcome.passed.append(name)
+    # what only a GPU rig runs: the NVIDIA stack, and roles/rig_power (GPU rigs stay up)
     gpu_checks = {
-        f"test_nvidia::{node.name}"
-        for node in ast.parse((REPO / "tests/rig/test_nvidia.py").read_text()).body
+        f"{module}::{node.name}"
+        for module in ("test_nvidia", "test_power")
+        for node in ast.parse((REPO / f"tests/rig/{module}.py").read_text()).body
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
     }
     assert result.returncode == 0 and not outcome.failed, result.tail(80)
     assert outcome.passed, f"the rig suite ran no test on {host}:\n{result.tail(40)}"
     assert set(outcome.skipped) == gpu_checks, f"skips on {host} other than the GPU checks: {outcome.skipped}"
     for name, reason in outcome.skipped.items():
-        assert reason.startswith(NOT_APPLICABLE) and "no GPU by inventory" in reason, (name, reason)
+        why = "no GPU by inventory" if name.startswith("test_nvidia::") else "is not a GPU rig"
+        assert reason.startswith(NOT_APPLICABLE) and why in reason, (name, reason)
     return outcome
 
 

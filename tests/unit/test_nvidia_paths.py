@@ -590,6 +590,7 @@ def test_provision_play_orders_the_nvidia_roles_with_gpu_conditions():
     assert serial.render(ansible_check_mode=False) == "1" and serial.render(ansible_check_mode=True) == "0"
     assert play["max_fail_percentage"] == 0
     assert [(entry["role"], entry.get("when")) for entry in play["roles"]] == [
+        ("rig_power", "rig_kind == 'gpu'"),  # first: a laptop must not sleep through the reboot or the build
         ("nvidia_driver", "rig_kind == 'gpu'"),  # before Docker: it may reboot the rig
         ("docker", None),
         ("nvidia_container_toolkit", "rig_kind == 'gpu'"),  # after docker: notifies its handler
