@@ -286,7 +286,12 @@ def release_entry(release: str, path: str, now: float) -> tuple[str, int]:
     section = re.search(r"^SHA256:[ \t]*\n((?:[ \t]+.*\n?)*)", release, re.MULTILINE)
     for line in (section.group(1) if section else "").splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[2] == path and re.fullmatch(r"[0-9a-f]{64}", parts[0]) and parts[1].isdigit():
+        if (
+            len(parts) == 3
+            and parts[2] == path
+            and re.fullmatch(r"[0-9a-f]{64}", parts[0])
+            and re.fullmatch(r"[0-9]+", parts[1])
+        ):
             return parts[0], int(parts[1])
     raise ArchiveError(f"InRelease does not list {path} in its SHA256 section")
 

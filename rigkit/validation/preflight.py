@@ -148,8 +148,8 @@ def _shape_fit(
     if shapeless:
         return [
             f"{where}: memory fit unknown for {', '.join(shapeless)} on {host}: no shape: facts in {CATALOG_FILE} "
-            "and no copy of the GGUF in the controller's cache to read them from; `make pin host="
-            f"{host}` reads the GGUF's header from the Hub and records them (or add them by hand, as the other "
+            "and no copy of the GGUF in the controller's cache to read them from; make pin host="
+            f"{host} reads the GGUF's header from the Hub and records them (or add them by hand, as the other "
             "entries carry them)"
         ]
     target_meta = catalog_meta(str(values.get("models_target")), target)

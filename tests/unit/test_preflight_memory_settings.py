@@ -175,7 +175,7 @@ def test_an_entry_without_shape_facts_is_refused_not_skipped() -> None:
         "laptop1650ti", values, sources=sources, catalog=CATALOG, cache_dir="/nonexistent"
     )
     assert ": memory fit unknown for gemma-4-E4B-it-qat-q4_0-google on laptop1650ti: no shape: facts" in refusal
-    assert "`make pin host=laptop1650ti` reads the GGUF's header from the Hub and records them" in refusal
+    assert "; make pin host=laptop1650ti reads the GGUF's header from the Hub and records them" in refusal
     # with the facts make pin records, the same rig is checked, and 32k does not fit 4 GB
     measured = {**CATALOG["gemma-4-E4B-it-qat-q4_0-google"], "shape": CATALOG["gemma-4-E4B-it-qat-q4_0-exact"]["shape"]}
     catalog = {**CATALOG, "gemma-4-E4B-it-qat-q4_0-google": measured}
