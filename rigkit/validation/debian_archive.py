@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.atomic_file import write_atomic, write_bytes_atomic
-from ansible.module_utils.http_client import HttpClientError, UrlRefused, redact, request
+from ansible.module_utils.http_client import HttpClientError, Response, UrlRefused, redact, request
 
 from rigkit.paths import UnsafeDirectoryError, cache_dir, private_dir
 
@@ -365,15 +365,7 @@ class Archive:
         for compression in COMPRESSIONS:
             url = f"{index_base(mirror, suite, component)}.{compression}"
             try:
-                # Plain http as the role's apt sources use it: apt checks signatures, this read only plans.
-                answer = request(
-                    "GET",
-                    url,
-                    headers={"User-Agent": USER_AGENT},
-                    timeout=self._timeout,
-                    allow_insecure_http=True,
-                    max_body=MAX_INDEX_BYTES,
-                )
+                answer = self._get(url, MAX_INDEX_BYTES)
             except (HttpClientError, UrlRefused) as exc:
                 self._down[host] = f"the archive is unreachable ({exc})"
                 raise ArchiveError(self._down[host]) from None
@@ -402,16 +394,20 @@ class Archive:
                 f"{hashlib.sha256(data).hexdigest()} ({len(data)} bytes): a changed or corrupt copy"
             )
 
+    def _get(self, url: str, max_body: int) -> Response:
+        # Plain http as the role's apt sources use it, trusted as apt trusts it: through the signed InRelease.
+        return request(
+            "GET",
+            url,
+            headers={"User-Agent": USER_AGENT},
+            timeout=self._timeout,
+            allow_insecure_http=True,
+            max_body=max_body,
+        )
+
     def _release(self, url: str) -> str:
         try:
-            answer = request(
-                "GET",
-                url,
-                headers={"User-Agent": USER_AGENT},
-                timeout=self._timeout,
-                allow_insecure_http=True,
-                max_body=MAX_RELEASE_BYTES,
-            )
+            answer = self._get(url, MAX_RELEASE_BYTES)
         except (HttpClientError, UrlRefused) as exc:
             raise ArchiveError(f"cannot read {redact(url)} ({exc})") from None
         if answer.status != 200:
