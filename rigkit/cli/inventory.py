@@ -34,20 +34,10 @@ def _load_plugins() -> None:
 def host_values(host: str, names: tuple[str, ...]) -> dict[str, Any]:
     """These variables of ``host`` as Ansible gives them (templated); absent ones are left out. LookupError
     for a host the inventory does not have."""
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
-    from ansible.vars.manager import VariableManager
-
-    _load_plugins()
-    loader = DataLoader()
-    inventory = InventoryManager(loader=loader, sources=inventory_sources())
-    found = inventory.get_host(host)
-    if found is None:
+    found = pattern_values(host, names)
+    if host not in found:
         raise LookupError(f"unknown host {host}. Known rigs: {', '.join(known_rigs())}")
-    variables = VariableManager(loader=loader, inventory=inventory).get_vars(host=found)
-    templar = Templar(loader=loader, variables=variables)
-    return {name: templar.template(variables[name]) for name in names if name in variables}
+    return found[host]
 
 
 def pattern_values(pattern: str, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:

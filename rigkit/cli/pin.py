@@ -17,8 +17,15 @@ from rigkit.pinning.hf_api import DEFAULT_ENDPOINT
 
 def host_model_names(host: str) -> list[str]:
     """models_target and models_drafter of ``host`` as the inventory gives them (templated)."""
-    values = host_values(host, ("models_target", "models_drafter"))
-    return [str(value) for value in values.values() if value not in (None, "")]
+    return model_names(host_values(host, MODEL_VARIABLES))
+
+
+MODEL_VARIABLES = ("models_target", "models_drafter")
+
+
+def model_names(values: dict[str, object]) -> list[str]:
+    """The catalog names a rig's variables give: its target, then its drafter when it has one."""
+    return [str(values[name]) for name in MODEL_VARIABLES if values.get(name) not in (None, "")]
 
 
 def _print_pin(result: object) -> None:
@@ -78,8 +85,8 @@ def first_use(pattern: str, api: object, notice: Callable[[], None]) -> int:
     catalog_path = inventory_catalog()
     catalog = (yaml.safe_load(catalog_path.read_text()) or {}).get("model_catalog") or {}
     wanted: dict[str, str] = {}
-    for rig, values in pattern_values(pattern, ("models_target", "models_drafter")).items():
-        for name in (str(value) for value in values.values() if value not in (None, "")):
+    for rig, values in pattern_values(pattern, MODEL_VARIABLES).items():
+        for name in model_names(values):
             entry = catalog.get(name)
             trusted = isinstance(entry, dict) and SHA256_RE.fullmatch(str(entry.get("sha256") or ""))
             if trusted and (unpinned_fields(dict(entry)) or not has_shape(entry)):
