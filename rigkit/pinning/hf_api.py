@@ -204,13 +204,18 @@ class HubApi:
         self.sleep(wait)
         self._waited.seconds += wait
 
-    def _call(self, url: str, *, data: bytes | None = None) -> tuple[Any, Response]:
-        answer = self._send(url, data)
+    def _answer(self, url: str, data: bytes | None = None, *, head_bytes: int = 0) -> Response:
+        """The answer once no 429 stands in the way; an HTTP error is an _ApiError."""
+        answer = self._send(url, data, head_bytes=head_bytes)
         while answer.status == 429:
             self._wait_for_quota(answer)
-            answer = self._send(url, data)
+            answer = self._send(url, data, head_bytes=head_bytes)
         if answer.status >= 400:
             raise _ApiError(answer.status, answer.header("X-Error-Code"), answer.header("X-Error-Message"))
+        return answer
+
+    def _call(self, url: str, *, data: bytes | None = None) -> tuple[Any, Response]:
+        answer = self._answer(url, data)
         if not 200 <= answer.status < 300:
             raise PinError(f"{printable(url)} answered HTTP {answer.status}; is --endpoint a Hugging Face API?")
         try:
@@ -288,13 +293,10 @@ class HubApi:
             f"{self.endpoint.rstrip('/')}/{urllib.parse.quote(repo, safe='/')}/resolve/"
             f"{urllib.parse.quote(revision, safe='')}/{quoted}"
         )
-        answer = self._send(url, None, head_bytes=count)
-        while answer.status == 429:
-            self._wait_for_quota(answer)
-            answer = self._send(url, None, head_bytes=count)
-        if answer.status >= 400:
-            code, message = answer.header("X-Error-Code"), answer.header("X-Error-Message")
-            raise _explain(_ApiError(answer.status, code, message), repo, revision, self.token, self.rate_limit_wait)
+        try:
+            answer = self._answer(url, head_bytes=count)
+        except _ApiError as exc:
+            raise _explain(exc, repo, revision, self.token, self.rate_limit_wait) from None
         if answer.status not in (200, 206):
             raise PinError(f"{redact(answer.url)} answered HTTP {answer.status} to a Range request for its first bytes")
         return answer.body[:count]
