@@ -177,7 +177,7 @@ PROOFS: tuple[Proof, ...] = (
         "dkms-trixie",
         "rigkit-molecule-nvidia-dkms-trixie",
         "the pinned proprietary 550.163.01 module built and signed by DKMS for Debian 13's point-release kernel and "
-        "trixie-security's newest, with an installer's apt sources",
+        "trixie-security's newest, with apt modernize-sources' deb822 sources",
         2,
     ),
     # The laptop's sm 75 image (_cuda_image_proof("laptop1650ti", "75")) is not proven yet: its compile needs a

@@ -289,8 +289,15 @@ def test_role_tasks_install_the_key_before_the_repository_that_trusts_it() -> No
         tasks = yaml.safe_load((REPO / path).read_text())
         names = [next(k for k in task if k not in ("name", "when", "register", "tags")) for task in tasks]
         fetch = names.index("apt_signing_key")
-        repo = names.index("ansible.builtin.deb822_repository")
+        module = "apt_sources" if "apt_sources" in names else "ansible.builtin.deb822_repository"
+        repo = names.index(module)
         assert fetch < repo, role
-        key_task, repo_task = tasks[fetch]["apt_signing_key"], tasks[repo]["ansible.builtin.deb822_repository"]
-        assert key_task["dest"] == repo_task["signed_by"], role
+        key_task, repo_task = tasks[fetch]["apt_signing_key"], tasks[repo][module]
+        if module == "apt_sources":
+            # the key goes to the signed_by of a repository the module is given (looped, or the one repository)
+            listed = str(repo_task["repositories"]).strip("[]'\" {}")
+            assert key_task["dest"] in ("{{ item.signed_by }}", "{{ " + listed + ".signed_by }}"), role
+            assert listed in str(tasks[fetch].get("loop", key_task["dest"])), role
+        else:
+            assert key_task["dest"] == repo_task["signed_by"], role
         assert key_task.get("fingerprints_variable"), role

@@ -1,5 +1,5 @@
-"""Verify the kernel side of nvidia_driver on Debian 13 with an installer's sources: the proprietary 550.163.01
-module built and signed for the point release's kernel and trixie-security's newest (not loaded)."""
+"""Verify the kernel side of nvidia_driver on Debian 13 with modernised (deb822) apt sources: the proprietary
+550.163.01 module built and signed for the point release's kernel and trixie-security's newest (not loaded)."""
 
 from __future__ import annotations
 
@@ -86,11 +86,16 @@ def test_every_driver_package_is_at_the_pin_and_held(host, driver):
     assert host.check_output("dpkg-query -W -f='${db:Status-Want}' nvidia-kernel-dkms") == "hold"
 
 
-def test_one_keyring_path_per_debian_source(host):
-    """trixie's own sources use debian-archive-keyring.pgp: a second Signed-By path for the same URI breaks apt."""
-    listed = host.check_output("grep -rh '^Signed-By:' /etc/apt/sources.list.d/ || true").split("\n")
-    assert all(line.endswith("debian-archive-keyring.pgp") for line in listed if "debian-archive" in line), listed
-    assert host.run("apt-get update -qq").rc == 0
+def test_the_modernised_sources_are_extended_not_contradicted(host):
+    """apt modernize-sources named the keyring `.gpg`; the kit's entry names the same one and adds only what the
+    rig lacked: apt reads both with no error and no target configured twice."""
+    own = host.file("/etc/apt/sources.list.d/debian.sources").content_string
+    keyring = next(line.split(": ", 1)[1] for line in own.splitlines() if line.startswith("Signed-By: "))
+    kit = host.file("/etc/apt/sources.list.d/debian-nonfree.sources").content_string
+    assert kit.startswith("# Managed by rigkit")
+    assert f"Signed-By: {keyring}" in kit and "Components: contrib non-free\n" in kit, kit
+    update = host.run("apt-get update")
+    assert update.rc == 0 and "W:" not in update.stdout + update.stderr and "E:" not in update.stderr, update
 
 
 def test_the_guard_verdict_is_ok_for_the_newest_kernel(host, scenario):
