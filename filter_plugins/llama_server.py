@@ -19,11 +19,23 @@ from ansible.module_utils.llama_server.paths import (
     unit_name,
     unit_path,
 )
+from ansible.module_utils.llama_server.settings import argv as server_argv
+from ansible.module_utils.llama_server.settings import variables as server_variables
 from ansible.module_utils.net_address import is_loopback, serves_tls
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks, render_ruleset
 from ansible.module_utils.preflight.memory import BUDGET_VARIABLE, memory_budget_mib, memory_headroom_mib
 
 from rigkit.fleet.gateway import alias_of
+
+
+def _server_argv(names: Any, values: Any) -> list[str]:
+    """llama-server's argv from the settings table (module_utils/llama_server/settings.py): ``names`` are the
+    variables ``llama_server_setting_variables`` lists, ``values`` their values in the same order."""
+    return server_argv(dict(zip(names, values, strict=True)))
+
+
+def _setting_variables(_: Any = None) -> list[str]:
+    return server_variables()
 
 
 def _model_alias(catalog: Any, target: Any) -> str:
@@ -103,6 +115,8 @@ class FilterModule:
             "llama_server_nft_allowlist": _nft_allowlist,
             "llama_server_report_line": _report_line,
             "llama_server_answer": _answer,
+            "llama_server_argv": _server_argv,
+            "llama_server_setting_variables": _setting_variables,
             "rigkit_is_loopback": is_loopback,
             "rigkit_model_alias": _model_alias,
             "rigkit_serves_tls": serves_tls,

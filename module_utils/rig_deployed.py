@@ -14,6 +14,7 @@ from typing import Any
 from ansible.module_utils.fetch.model import sha256_file, verified_record
 from ansible.module_utils.llama_server.api import Endpoint, ServerApiError, metrics
 from ansible.module_utils.llama_server.config import serving
+from ansible.module_utils.llama_server.settings import status_flags
 from ansible.module_utils.rig_command import run
 
 # What makes up the NVIDIA stack and the container engine on a rig (the lock pins their versions).
@@ -118,25 +119,15 @@ def image(tag: str) -> dict[str, Any] | None:
 
 
 # llama-server's flags whose values `make status` shows and compares with the inventory (both spellings).
-SETTING_FLAGS = {
-    "--spec-type": "spec_type",
-    "--spec-draft-n-max": "draft_n_max",
-    "--spec-draft-n-min": "draft_n_min",
-    "--ctx-size": "ctx_size",
-    "-c": "ctx_size",
-    "--parallel": "parallel",
-    "-np": "parallel",
-}
-
-
 def server_settings(argv: list[str]) -> dict[str, Any]:
     """The settings llama-server was started with, from its argv (the container's Args): what runs, whatever
     the unit file or the inventory say now. The server's API does not report the draft length itself."""
     found: dict[str, Any] = {}
+    flags = status_flags()
     args = iter(argv)
     for arg in args:
         flag, sep, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        key = SETTING_FLAGS.get(flag)
+        key = flags.get(flag)
         if key is None:
             continue
         if not sep:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.module_utils.llama_server.settings import preflight_settings
 from ansible.module_utils.preflight.memory import (
     BUDGET_VARIABLE,
     HEADROOM_VARIABLE,
@@ -84,17 +84,8 @@ def controller_preflight(
     budget = gpu_budget or 1 << 30
     spec_type = values["llama_server_spec_type"]
     settings = {
-        "spec_type": spec_type,
+        **preflight_settings(values, on_gpu),
         "ctx_size": _int_or(values["llama_server_ctx_size"], defaults["llama_server_ctx_size"]),
-        "parallel": values["llama_server_parallel"],
-        "cache_type_k": values["llama_server_cache_type_k"],
-        "cache_type_v": values["llama_server_cache_type_v"],
-        "swa_full": boolean(values["llama_server_swa_full"], strict=False),
-        "kv_unified": boolean(values["llama_server_kv_unified"], strict=False),
-        "gpu_layers": values["llama_server_gpu_layers"] if on_gpu else 0,
-        "gpu_layers_draft": values["llama_server_gpu_layers_draft"] if on_gpu else 0,
-        "flash_attn": values["llama_server_flash_attn"],
-        "ubatch_size": values["llama_server_ubatch_size"] or None,
         "memory_kind": f"VRAM of {rig_gpu.get('name') or 'the GPU'} (rig_gpu.vram_mib) on {host}" if on_gpu else "RAM",
         "headroom_mib": _auto_or_mib(
             lambda value: memory_headroom_mib(value, on_gpu=on_gpu), values[HEADROOM_VARIABLE]

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.docker_daemon_config import exposure_problems
-from ansible.module_utils.llama_server.args import extra_args_problems, managed_flags, rendered_flags
+from ansible.module_utils.llama_server.settings import extra_args_problems
 from ansible.module_utils.model_catalog import CATALOG_PATH, CatalogError, deployable_entry, host_pin_refusal
 from ansible.module_utils.net_address import is_loopback, serves_tls
 from ansible.module_utils.nft_allowlist import AllowListError, normalise_networks
@@ -35,6 +35,7 @@ import rigkit
 from rigkit.inventory_files import Sources, show
 from rigkit.validation.compat import ROLES as COMPAT_ROLES
 from rigkit.validation.compat import Lookup, archive_findings, compat_findings
+from rigkit.validation.server_options import OPTIONS_FILE, unknown_flags
 from rigkit.validation.variables import (
     API_KEY_RE,
     API_KEY_SHAPE,
@@ -324,14 +325,6 @@ def _check_pins(report: Report, rig: str, values: Mapping[str, Any], catalog: Ma
                 report.add("models_keep", keep, f"names {name}, which cannot be resolved: {exc}")
 
 
-@functools.cache
-def _managed_server_flags() -> frozenset[str]:
-    """What the llama_server role sets itself: read from its argv and environment file, never listed by hand."""
-    role = rigkit.REPO / "roles/llama_server"
-    flags = rendered_flags((role / "vars/main.yml").read_text(), (role / "templates/llama-server.env.j2").read_text())
-    return frozenset(managed_flags(flags))
-
-
 # llama-server flags whose value is a secret: a refusal names the flag, never its value.
 SECRET_FLAGS = ("--api-key", "--hf-token", "-hft")
 
@@ -356,7 +349,7 @@ def _check_extra_args(report: Report, values: Mapping[str, Any]) -> None:
     extra = values.get("llama_server_extra_args")
     if not isinstance(extra, list):
         return
-    for flag in extra_args_problems(extra, set(_managed_server_flags())):
+    for flag in extra_args_problems(extra):
         report.add(
             "llama_server_extra_args",
             extra,
@@ -364,6 +357,15 @@ def _check_extra_args(report: Report, values: Mapping[str, Any]) -> None:
             "or put a secret into the unit's argv); set the kit's variable for it instead (llama_server_host, "
             "llama_server_port, llama_server_api_key, llama_server_tls, models_*, llama_server_spec_*, "
             "llama_server_ctx_size, …; roles/llama_server/README.md)",
+            shown=_secrets_hidden(extra),
+        )
+    for flag in unknown_flags(extra, str(values.get("llamacpp_image_commit", ""))):
+        report.add(
+            "llama_server_extra_args",
+            extra,
+            f"names {flag}, which the pinned llama-server does not accept: it would stop at start with "
+            f'"error: invalid argument: {flag}"; remove it (the options it accepts: '
+            f"{OPTIONS_FILE.relative_to(rigkit.REPO)})",
             shown=_secrets_hidden(extra),
         )
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ansible.module_utils.llama_server.settings import DRAFT_N_MAX, PORT, POSITIVE
+from ansible.module_utils.llama_server.settings import ranges as server_ranges
 from ansible.module_utils.nvidia_compat import DRIVER_PINS
 
 from rigkit import REPO
@@ -114,22 +116,9 @@ API_KEY_SHAPE = "16 to 256 printable ASCII characters, no spaces or newlines, no
 
 # Integer ranges the specs' types cannot say: (lowest, highest or None, what is accepted). The preflight's budget and
 # headroom (auto or MiB) have theirs with their auto rule, in module_utils/preflight/memory.py MEMORY_SETTINGS.
-PORT = (1, 65535, "a port 1-65535")
-POSITIVE = (1, None, "a positive integer")
 NON_NEGATIVE = (0, None, "an integer >= 0")
-# llama.cpp takes any --spec-draft-n-max >= 1, but a draft longer than 16 tokens never pays off for these models
-# (the kit's bench goes to llama_bench_draft_max, 4 by default): the kit accepts 1..16.
-DRAFT_N_MAX = (1, 16, "a draft length 1-16")
 RANGES: dict[str, tuple[int, int | None, str]] = {
-    "llama_server_port": PORT,
-    "llama_server_spec_draft_n_max": DRAFT_N_MAX,
-    "llama_server_spec_draft_n_min": (0, 16, "a draft length 0-16"),
-    "llama_server_ctx_size": POSITIVE,
-    "llama_server_parallel": POSITIVE,
-    "llama_server_batch_size": POSITIVE,
-    "llama_server_ubatch_size": POSITIVE,
-    "llama_server_threads": POSITIVE,
-    "llama_server_threads_batch": POSITIVE,
+    **server_ranges(),  # the server's own settings: module_utils/llama_server/settings.py
     "llama_server_health_timeout": POSITIVE,
     "llama_server_canary_tokens": POSITIVE,
     "llama_server_restart_sec": NON_NEGATIVE,

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible.module_utils.llama_server.settings import SETTINGS
 
+from rigkit.validation.server_options import known_options, parse_help, unknown_flags
 from tests.support import (
     CACHE_DIR,
     LLAMACPP_BUILD_NUMBER,
@@ -74,6 +76,40 @@ def test_help_lists_draft_mtp(rig_image):
     result = run(["docker", "run", "--rm", "--network", "host", rig_image, "--help"])
     spec_line = next(line for line in result.output.splitlines() if "--spec-type" in line)
     assert "draft-mtp" in spec_line and "draft-simple" in spec_line
+
+
+def test_every_flag_the_settings_table_sets_is_one_the_pinned_server_knows(rig_image):
+    """Each row's flag and its other spellings are one option of the pinned llama-server (its --help), and each
+    flag in the environment file is read from that variable (the help's "env:" line)."""
+    result = run(["docker", "run", "--rm", "--network", "none", rig_image, "--help"])
+    options: list[tuple[list[str], str]] = []
+    for line in result.output.splitlines():
+        if names := parse_help(line):
+            options.append((names[0], ""))
+        elif "(env: " in line and options:
+            options[-1] = (options[-1][0], line.split("(env: ", 1)[1].rstrip(")").strip())
+    for row in SETTINGS:
+        found = [(names, env) for names, env in options if row.flag in names]
+        assert found, f"{row.flag} is not an option of the pinned llama-server"
+        names, env = found[0]
+        assert set(row.spellings) <= set(names), (row.flag, names)
+        if row.env:
+            assert env == row.env, (row.flag, env)
+
+
+def test_the_recorded_options_are_the_pinned_servers_and_it_refuses_others(rig_image):
+    """The controller refuses an extra argument the pin does not know (rigkit/validation/server_options.py) from
+    the list recorded here; the real server refuses it the same way at start."""
+    commit, names = known_options()
+    result = run(["docker", "run", "--rm", "--network", "none", rig_image, "--help"])
+    helped = {name for option in parse_help(result.output) for name in option}
+    assert (commit, names) == (COMMIT, helped), (
+        f"re-record it: .venv/bin/python -m rigkit.validation.server_options {rig_image} {COMMIT}"
+    )
+    for flag in ("--no-numa", "--mlock"):
+        refused = run(["docker", "run", "--rm", "--network", "none", rig_image, flag, "--version"])
+        assert refused.returncode != 0 and f"error: invalid argument: {flag}" in refused.output, refused.output
+        assert unknown_flags([flag, "--jinja"], COMMIT) == [flag]
 
 
 def test_runs_as_non_root(rig_image):

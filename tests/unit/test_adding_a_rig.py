@@ -58,8 +58,7 @@ def test_server_gets_the_model_cards_configuration(overlay):
         "--ubatch-size 128",
         "--threads 12",
         "--threads-batch 12",
-        "--mlock",
-        "--no-numa",
+        "--load-mode mmap+mlock",
         "--jinja",
         "--model-draft /var/lib/rigkit/models/drafter.gguf",
     ):

@@ -68,6 +68,15 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         ],
     ),
     (
+        "extra-args-unknown-to-the-pin",
+        {"llama_server_extra_args": ["--no-numa", "--jinja", "--mlock"]},
+        [
+            '{file}: llama_server_extra_args is ["--no-numa", "--jinja", "--mlock"]; names --no-numa, which the '
+            'pinned llama-server does not accept: it would stop at start with "error: invalid argument: --no-numa"',
+            "names --mlock, which the pinned llama-server does not accept",
+        ],
+    ),
+    (
         "drafter-is-a-target",
         {"models_drafter": "tiny-gemma4-target"},
         [
