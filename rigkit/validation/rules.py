@@ -359,7 +359,8 @@ def _check_extra_args(report: Report, values: Mapping[str, Any]) -> None:
             "llama_server_ctx_size, …; roles/llama_server/README.md)",
             shown=_secrets_hidden(extra),
         )
-    for flag in unknown_flags(extra, str(values.get("llamacpp_image_commit", ""))):
+    commit = values.get("llamacpp_image_commit") or role_defaults("llamacpp_image")["llamacpp_image_commit"]
+    for flag in unknown_flags(extra, str(commit)):
         report.add(
             "llama_server_extra_args",
             extra,

@@ -11,6 +11,7 @@ from ansible.module_utils.llama_server import settings
 from ansible.module_utils.llama_server.settings import SETTINGS, argv, extra_args_problems, status_flags
 from ansible.module_utils.rig_deployed import server_settings
 
+from rigkit.validation.server_options import known_options, unknown_flags
 from rigkit.validation.variables import RANGES
 from tests import support
 
@@ -99,7 +100,7 @@ def test_every_flag_and_spelling_is_managed() -> None:
     for s in SETTINGS:
         for name in (s.flag, *s.spellings):
             assert extra_args_problems([name, "1"]) == [name], name
-    assert extra_args_problems(["--fit-target", "512", "--jinja", "--cache-reuse=256"]) == ["--fit-target"]
+    assert extra_args_problems(["--fit-target", "512", "--jinja", "--props"]) == ["--fit-target"]
 
 
 def test_the_ranges_of_the_servers_settings_come_from_the_table() -> None:
@@ -107,3 +108,11 @@ def test_the_ranges_of_the_servers_settings_come_from_the_table() -> None:
         if s.range:
             assert RANGES[s.variable] == s.range, s.variable
     assert settings.ranges()["llama_server_port"] == settings.PORT
+
+
+def test_extra_flags_are_checked_against_the_recorded_options_of_the_same_commit_only() -> None:
+    commit, names = known_options()
+    assert "--jinja" in names and "--load-mode" in names and "--mlock" not in names
+    assert unknown_flags(["--no-numa", "-1", "--jinja", "--temp=0.2"], commit) == ["--no-numa"]
+    # a rig on another llama.cpp commit: its options are not recorded here, so nothing is refused for it
+    assert unknown_flags(["--no-numa"], "0" * 40) == []
