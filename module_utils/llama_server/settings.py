@@ -105,6 +105,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("--threads", "llama_server_threads", ("-t",), when="set", range=POSITIVE),
     Setting("--threads-batch", "llama_server_threads_batch", ("-tb",), when="set", range=POSITIVE),
+    Setting("--cache-reuse", "llama_server_cache_reuse", when="set", range=(0, None, "a chunk size >= 0 (0: off)")),
     # The pin has no --mlock: keeping the model in RAM is a load mode (mmap, then locked).
     Setting("--load-mode", "llama_server_mlock", ("-lm",), kind="switch", const="mmap+mlock"),
     Setting("--metrics", "llama_server_metrics", kind="switch"),
