@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -32,6 +33,7 @@ from ansible.module_utils.nvidia_compat import driver_version_problem, pci_devic
 from ansible.module_utils.preflight.memory import MEMORY_SETTINGS, MemorySettingError, auto_or_mib
 
 import rigkit
+from rigkit.fleet.monitor import node_exporter_port
 from rigkit.inventory_files import Sources, show
 from rigkit.validation.compat import ROLES as COMPAT_ROLES
 from rigkit.validation.compat import Lookup, archive_findings, compat_findings
@@ -426,6 +428,7 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
             _check_gpu_layers(report, name, values[name])
     _check_memory_settings(report, values)
     _check_container_limits(report, values)
+    _check_ports(report, values)
     n_min, n_max = values.get("llama_server_spec_draft_n_min"), values.get("llama_server_spec_draft_n_max")
     if _is_int(n_min) and _is_int(n_max) and n_min > n_max:
         report.add("llama_server_spec_draft_n_min", n_min, f"expected at most llama_server_spec_draft_n_max ({n_max})")
@@ -461,6 +464,70 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
     _check_image_inputs(report, values)
     _check_models(report, rig, values, catalog)
     _check_trained_context(report, values, catalog)
+
+
+# ------------------------------------------------------------------------------------------------- ports
+# Both listeners run unprivileged in the rig's own network namespace (llama-server as uid 10001 with no capabilities,
+# Debian's node exporter as the prometheus user), where the kernel keeps ports below this for root.
+UNPRIVILEGED_PORT_START = 1024
+_LISTENERS = {
+    "llama_server_port": "llama-server runs as uid 10001 with no capabilities",
+    "node_exporter_port": "the node exporter runs as the prometheus user",
+}
+
+
+def _check_ports(report: Report, values: Mapping[str, Any]) -> None:
+    """Ports a listener cannot bind on the rig: below the unprivileged range, or the one the other kit service holds."""
+    server = values.get("llama_server_port", role_defaults("llama_server")["llama_server_port"])
+    exporter = values.get("node_exporter_port")
+    if exporter is None and _is_int(server):
+        exporter = node_exporter_port(values.get("rig_kind", "gpu"), server)
+    for variable, port in (("llama_server_port", server), ("node_exporter_port", exporter)):
+        if _is_int(port) and 0 < port < UNPRIVILEGED_PORT_START:
+            report.add(
+                variable,
+                port,
+                f"expected {UNPRIVILEGED_PORT_START}-65535: {_LISTENERS[variable]} in the rig's own network, where the "
+                f"kernel keeps ports below {UNPRIVILEGED_PORT_START} for root (it would fail with Permission denied)",
+            )
+    if _is_int(server) and server == exporter:
+        variable = "node_exporter_port" if "node_exporter_port" in values else "llama_server_port"
+        report.add(
+            variable,
+            server,
+            f"llama-server and the node exporter would both listen on port {server} of the rig: whichever starts "
+            "second cannot bind it; give node_exporter_port another port (9100 unless set)",
+        )
+
+
+# A host name as SSH and getaddrinfo take it: dot-separated labels of letters, digits, - and _ (mDNS and /etc/hosts
+# names carry _), none longer than 63, 253 in all.
+_HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+HOST_NAME_RE = re.compile(rf"^(?=.{{1,253}}\Z){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?\Z")
+
+
+def connection_host_problem(value: str) -> str | None:
+    """Why ``ansible_host`` is neither a host name nor an address (SSH would fail to resolve it), or None."""
+    try:
+        ipaddress.ip_address(value)
+        return None
+    except ValueError:
+        pass
+    if HOST_NAME_RE.match(value):
+        return None
+    if not value:
+        hint = "empty: remove it (the rig's inventory name is used) or give the rig's name or address"
+    elif "://" in value:
+        hint = "a URL: give the host name or address alone"
+    elif "@" in value:
+        hint = "user@host: put the user in ansible_user and the host alone here"
+    elif re.search(r":[0-9]+\Z", value):
+        hint = "host:port: put the port in ansible_port and the host alone here"
+    elif any(len(label) > 63 for label in value.split(".")) or len(value) > 253:
+        hint = "longer than a host name can be (63 characters a label, 253 in all)"
+    else:
+        hint = "spaces or characters no host name has"
+    return f"expected a host name (desktop3050.local) or an address (192.168.1.20); this is {hint}"
 
 
 # ------------------------------------------------------------------------------------------------- API keys
@@ -656,6 +723,8 @@ def rig_report(
             continue
         checked[name] = converted
     _check_rules(report, host, checked, catalog)
+    if isinstance(values.get("ansible_host"), str) and (why := connection_host_problem(values["ansible_host"])):
+        report.add("ansible_host", values["ansible_host"], why)
     return report
 
 

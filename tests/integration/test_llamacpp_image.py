@@ -10,11 +10,14 @@ import shutil
 import subprocess
 import tarfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.module_utils.llama_server.settings import SETTINGS
 
+from rigkit.fleet.monitor import node_exporter_port
 from rigkit.validation.server_options import known_options, parse_help, unknown_flags
 from tests.support import (
     CACHE_DIR,
@@ -110,6 +113,25 @@ def test_the_recorded_options_are_the_pinned_servers_and_it_refuses_others(rig_i
         refused = run(["docker", "run", "--rm", "--network", "none", rig_image, flag, "--version"])
         assert refused.returncode != 0 and f"error: invalid argument: {flag}" in refused.output, refused.output
         assert unknown_flags([flag, "--jinja"], COMMIT) == [flag]
+
+
+def test_the_ports_the_controller_refuses_are_ports_the_server_cannot_bind(rig_image):
+    """llama_server_port below 1024, or the node exporter's port: refused before contact (rigkit/validation/rules.py,
+    _check_ports), because llama-server started as its unit starts it (uid 10001, no capabilities, the host's
+    network) stops at once on either."""
+    unit_like = ["docker", "run", "--rm", "--network", "host", "--user", "10001:10001", "--cap-drop", "ALL"]
+    server = [*unit_like, "--security-opt", "no-new-privileges", rig_image, "--host", "127.0.0.1", "-m", "/none.gguf"]
+    privileged = run([*server, "--port", "80"])
+    assert privileged.returncode != 0, privileged.output
+    assert "couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 80" in privileged.output
+    # the sandbox's own node exporter (Debian's prometheus-node-exporter) holds its port on this machine's network
+    sandbox_port = yaml.safe_load((REPO / "inventory/host_vars/sandbox.yml").read_text())["llama_server_port"]
+    exporter = node_exporter_port("sandbox", sandbox_port)
+    with urllib.request.urlopen(f"http://127.0.0.1:{exporter}/metrics", timeout=10) as answer:
+        assert b"node_exporter_build_info" in answer.read()
+    taken = run([*server, "--port", str(exporter)])
+    assert taken.returncode != 0, taken.output
+    assert f"couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {exporter}" in taken.output
 
 
 def test_runs_as_non_root(rig_image):

@@ -77,6 +77,26 @@ BAD_VALUES: list[tuple[str, dict, list[str]]] = [
         ],
     ),
     (
+        "port-privileged",
+        {"llama_server_port": 80},
+        ["{file}: llama_server_port is 80; expected 1024-65535: llama-server runs as uid 10001 with no capabilities"],
+    ),
+    (
+        "port-of-the-node-exporter",
+        {"llama_server_port": 9100},
+        ["{file}: llama_server_port is 9100; llama-server and the node exporter would both listen on port 9100"],
+    ),
+    (
+        "exporter-port-privileged",
+        {"node_exporter_port": 443},
+        ["{file}: node_exporter_port is 443; expected 1024-65535: the node exporter runs as the prometheus user"],
+    ),
+    (
+        "ansible-host-url",
+        {"ansible_host": "ssh://desktop3050.local"},
+        ['{file}: ansible_host is "ssh://desktop3050.local"; expected a host name (desktop3050.local) or an address'],
+    ),
+    (
         "drafter-is-a-target",
         {"models_drafter": "tiny-gemma4-target"},
         [
@@ -404,7 +424,8 @@ def make_inventory(root: Path, rigs: dict[str, dict], port: int) -> Path:
     hosts["all"]["children"]["rigs"]["children"]["gpu_rigs"]["hosts"] = {name: None for name in rigs}
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     for name, variables in rigs.items():
-        rig = {**BASE_RIG, **variables, "ansible_host": "127.0.0.1", "ansible_port": port, "ansible_user": "nobody"}
+        # the recorder's address unless the case is about the address itself
+        rig = {**BASE_RIG, "ansible_host": "127.0.0.1", "ansible_port": port, "ansible_user": "nobody", **variables}
         (inventory / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump(rig, sort_keys=False))
     return inventory
 
