@@ -1,5 +1,7 @@
-"""What counts as a loopback bind (stdlib only): the one definition the controller's validation, the
-llama_server role (API key, TLS), the certificate's names and the rig tests share."""
+"""Binds and the addresses that reach them (stdlib only): what counts as loopback and as a wildcard bind, where the
+rig itself reaches a service, and its URL. The one definition the controller's validation, the roles (llama_server,
+node_exporter, fleet_gateway: through the rigkit_probe_address, rigkit_host_port and rigkit_url filters), the
+certificate's names and the rig tests share."""
 
 from __future__ import annotations
 
@@ -33,3 +35,22 @@ def serves_tls(setting: object, host: object) -> bool:
 def is_wildcard(host: object) -> bool:
     """0.0.0.0 or :: : every address of the machine."""
     return str(host or "").strip() in WILDCARD_BINDS
+
+
+def probe_address(bind: object) -> str:
+    """Where the rig itself reaches a service bound to ``bind``: loopback for a wildcard bind, else the bind (an
+    IPv6 address without brackets)."""
+    host = str(bind or "").strip()
+    return "127.0.0.1" if is_wildcard(host) or not host else host.removeprefix("[").removesuffix("]")
+
+
+def host_port(host: object, port: object) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    text = str(host).strip().removeprefix("[").removesuffix("]")
+    return f"[{text}]:{port}" if ":" in text else f"{text}:{port}"
+
+
+def service_url(host: object, port: object, tls: object, path: str = "") -> str:
+    """The http(s) URL of a service at ``host`` and ``port`` (``tls``: a boolean or Ansible's spellings of one)."""
+    secure = str(tls).strip().lower() in (*TLS_ON, "1")
+    return f"{'https' if secure else 'http'}://{host_port(host, port)}{path}"

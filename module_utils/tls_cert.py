@@ -11,11 +11,10 @@ import ipaddress
 import subprocess
 from collections.abc import Iterable, Sequence
 
-from ansible.module_utils.net_address import is_loopback
+from ansible.module_utils.net_address import is_loopback, is_wildcard
 
 # Always in a kit-made certificate: the role's own probe and the rig's tools reach the server on loopback.
 LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
-WILDCARD_BINDS = ("0.0.0.0", "::", "[::]", "")  # noqa: S104 - naming the wildcards to leave them out
 
 
 class TlsCertError(Exception):
@@ -35,7 +34,7 @@ def wanted_sans(names: Iterable[str]) -> list[str]:
     """The subjectAltName entries a rig's certificate carries: the loopback names plus every given address or name
     (the rig's inventory name, its ansible_host, a specific bind address, llama_server_tls_san), deduplicated and
     sorted so that the same inventory always asks for the same set. Wildcard binds name no host and are left out."""
-    entries = {san_entry(name) for name in (*LOOPBACK_NAMES, *names) if name.strip() not in WILDCARD_BINDS}
+    entries = {san_entry(name) for name in (*LOOPBACK_NAMES, *names) if name.strip() and not is_wildcard(name)}
     return sorted(entries)
 
 
