@@ -13,44 +13,20 @@ from ansible.module_utils.llama_server.settings import ranges as server_ranges
 from ansible.module_utils.nvidia_compat import DRIVER_PINS
 
 from rigkit import REPO
+from rigkit.validation.entry_points import bench_only_roles, entry_points
 
 # rig_os (make discover writes it from os-release): each supported release, as DRIVER_PINS knows them.
 RIG_OS = {f"{distro}{version}": (distro, version) for distro, version in DRIVER_PINS}
 
-# The role entry points that run on a rig of each kind: what playbooks/provision.yml (and status.yml) runs, which
-# shapes the rig, and what bench.yml runs, which only reads it.
-PROVISION_ENTRY_POINTS = (
-    ("docker", "main"),
-    ("llamacpp_image", "main"),
-    ("models", "main"),
-    ("models", "validate"),
-    ("llama_server", "main"),
-    ("node_exporter", "main"),
-    ("rig_lock", "main"),
-    ("rig_state", "check"),
-    ("rig_context", "main"),
-)
-BENCH_ENTRY_POINTS = (("llama_bench", "main"),)
-COMMON_ENTRY_POINTS = (*PROVISION_ENTRY_POINTS, *BENCH_ENTRY_POINTS)
-ENTRY_POINTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "gpu": (
-        ("rig_power", "main"),
-        ("nvidia_driver", "main"),
-        ("nvidia_container_toolkit", "main"),
-        ("cuda", "main"),
-        *COMMON_ENTRY_POINTS,
-    ),
-    "sandbox": (("container_harness", "main"), ("container_harness", "rig"), *COMMON_ENTRY_POINTS),
-}
+# The role entry points that run on a rig of each kind, read from playbooks/ (rigkit/validation/entry_points.py).
+ENTRY_POINTS = entry_points()
 
 # Variable-name prefixes owned by the kit, one per role under roles/: such a variable must be declared somewhere.
 # The broader ones catch a typo inside a role's prefix (nvidia_drvier_version) too.
 KIT_ROLES = tuple(sorted(path.name for path in (REPO / "roles").iterdir() if (path / "tasks").is_dir()))
 PREFIXES = (*(f"{role}_" for role in KIT_ROLES), "rig_", "nvidia_", "llama_")
 # The roles whose variables shape a rig (every entry point but the bench's): rigkit/rig_inputs.py digests them.
-SHAPING_ROLES = tuple(
-    sorted({role for points in ENTRY_POINTS.values() for role, _ in points} - {role for role, _ in BENCH_ENTRY_POINTS})
-)
+SHAPING_ROLES = tuple(sorted({role for points in ENTRY_POINTS.values() for role, _ in points} - bench_only_roles()))
 
 # Inventory keys of the kit itself and of the models play (playbooks/models.yml), which no role declares.
 # Same shape as an argument spec's options (README, "Inventory keys").
