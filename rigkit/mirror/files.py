@@ -26,21 +26,6 @@ def url_parts(url_path: str) -> list[str] | None:
     return parts
 
 
-def resolve_request_path(root: str, url_path: str) -> str | None:
-    """The file under ``root`` that ``url_path`` names, or None when it is not one the mirror may serve.
-
-    No symlink is followed anywhere below the root: the resolved path must be the literal one.
-    """
-    parts = url_parts(url_path)
-    if parts is None:
-        return None
-    real_root = os.path.realpath(root)
-    literal = os.path.join(real_root, *parts)
-    if os.path.realpath(literal) != literal:
-        return None  # a symlink somewhere below the root (out of it, or to a hidden file or a .part)
-    return literal
-
-
 def open_served_file(root: str, parts: list[str]) -> tuple[int, os.stat_result] | None:
     """Open ``root/<parts>`` without following any symlink, without blocking; only a regular file."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -245,11 +245,6 @@ def pin_entry(
     return result
 
 
-def host_models(models_target: Any, models_drafter: Any) -> list[str]:
-    """The catalog names a rig needs: its target, then its drafter when it has one."""
-    return [str(name) for name in (models_target, models_drafter) if name not in (None, "")]
-
-
 def pin_host(
     host: str,
     names: list[str],

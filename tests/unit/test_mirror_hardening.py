@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rigkit.mirror.files import resolve_request_path
+from rigkit.mirror.files import open_served_file, url_parts
 from rigkit.mirror.models import MAX_PER_CLIENT, MirrorError, ModelMirror, escape_log
 from tests.support import free_port
 
@@ -189,7 +189,7 @@ def test_a_lan_address_needs_its_clients(tree: Path) -> None:
 # ------------------------------------------------------------------------------------------ files
 @pytest.mark.parametrize("name", ["hidden-link.gguf", "part-link.gguf"])
 def test_symlink_to_a_hidden_file_or_a_part_is_refused(tree: Path, name: str) -> None:
-    assert resolve_request_path(str(tree), f"/{rel(name)}") is None
+    assert open_served_file(str(tree), url_parts(f"/{rel(name)}") or []) is None
     with ModelMirror(tree) as server:
         status, _, body = request(server.port, f"/{rel(name)}")
     assert status == 404 and b"secret" not in body and b"half" not in body
@@ -456,6 +456,18 @@ def runs_sharing_a_mirror(
         subprocess.run([*RIGKIT, "--stop", "--pidfile", str(pidfile)], capture_output=True, timeout=60, check=False)
 
 
+def _stderr_until(process: subprocess.Popen, text: str, timeout: float) -> str:
+    """What ``process`` printed on stderr up to the line holding ``text`` (the test fails after ``timeout``)."""
+    assert process.stderr is not None
+    printed, deadline = "", time.monotonic() + timeout
+    while text not in printed:
+        ready, _, _ = select.select([process.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        line = process.stderr.readline() if ready else ""
+        assert line, f"no {text!r} within {timeout} s: {printed}"
+        printed += line
+    return printed
+
+
 def test_cli_waits_for_another_runs_mirror_instead_of_replacing_it(tree: Path, tmp_path: Path) -> None:
     """Two provisions on one controller share the mirror's run directory and port: the second run's mirror starts
     once the first run's has stopped (it stops when that run ends), never under it. Each run is a process the
@@ -464,12 +476,15 @@ def test_cli_waits_for_another_runs_mirror_instead_of_replacing_it(tree: Path, t
         second = subprocess.Popen(
             [*base, "--watch-pid", str(runs[1].pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        time.sleep(2)
+        # from its own word that it waits, not from a sleep: its start may take seconds on a busy machine
+        announced = _stderr_until(second, "waiting for the mirror of another run", timeout=60)
+        time.sleep(1)
         assert second.poll() is None, second.communicate()
         assert request(port, f"/{rel('model.gguf')}")[0] == 200  # the first run's mirror still serves
         runs[0].kill()
         runs[0].wait()
         out, err = second.communicate(timeout=60)
+        err = announced + err
         assert second.returncode == 0, err
         started = json.loads(out)
         assert started["port"] == port and started["waited_s"] >= 1  # the first mirror, its run gone, may be replaced

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from ansible.module_utils.fetch.model import FetchOptions, fetch_model
 
-from rigkit.mirror.files import resolve_request_path
+from rigkit.mirror.files import open_served_file, url_parts
 from rigkit.mirror.models import MirrorError, ModelMirror
 from rigkit.sandbox.tiny_gemma4 import write_arch_gguf
 
@@ -165,11 +165,12 @@ def test_outside_the_layout_is_404(mirror: ModelMirror, path: str) -> None:
     assert b"not for the LAN" not in body
 
 
-def test_resolve_request_path_is_confined(tree: Path) -> None:
-    root = str(tree)
-    assert resolve_request_path(root, url_of("model.gguf")) == str(tree / OWNER_REPO / "resolve" / REV / "model.gguf")
-    assert resolve_request_path(root, url_of("../../../../root-sibling/x.gguf")) is None
-    assert resolve_request_path(root, url_of("escape.gguf")) is None
+def test_a_request_path_is_confined_to_the_tree(tree: Path) -> None:
+    served = open_served_file(str(tree), url_parts(url_of("model.gguf")) or [])
+    assert served is not None
+    os.close(served[0])
+    assert url_parts(url_of("../../../../root-sibling/x.gguf")) is None
+    assert open_served_file(str(tree), url_parts(url_of("escape.gguf")) or []) is None  # a symlink out of the tree
 
 
 # ------------------------------------------------------------------------------------------ stats, lifecycle
