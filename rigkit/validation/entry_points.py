@@ -47,13 +47,18 @@ def _kinds(hosts: str, when: object) -> frozenset[str]:
     return frozenset(named or KINDS)
 
 
-def _references(tasks: Any, kinds: frozenset[str]) -> Iterator[tuple[str, str, frozenset[str]]]:
-    """(role, task file, kinds) for each include_role/import_role among ``tasks``, blocks included; a templated
-    ``tasks_from`` names each file it may choose."""
+def _references(
+    tasks: Any, kinds: frozenset[str], here: Path | None = None
+) -> Iterator[tuple[str, str, frozenset[str]]]:
+    """(role, task file, kinds) for each include_role/import_role among ``tasks``, blocks and (``here``: a
+    playbook's directory) its included task files too; a templated ``tasks_from`` names each file it may choose."""
     for task in tasks if isinstance(tasks, list) else []:
         if not isinstance(task, dict):
             continue
         scope = kinds & _kinds("", task.get("when"))
+        for key in _TASKS_KEYS:
+            if here is not None and isinstance(task.get(key), str) and (here / task[key]).is_file():
+                yield from _references(_load(here / task[key]), scope, here)
         for key in ("block", "rescue", "always"):
             yield from _references(task.get(key), scope)
         for key in _ROLE_KEYS:
@@ -100,10 +105,11 @@ def _from_playbooks(root: Path, playbooks: Iterable[str]) -> dict[str, list[Entr
     for playbook in playbooks:
         for play in _plays(root, playbook):
             hosts = _kinds(str(play["hosts"]), None)
+            here = root / "playbooks"
             for key in ("pre_tasks", "tasks"):
-                todo += _references(play.get(key), hosts)
+                todo += _references(play.get(key), hosts, here)
             todo += [(str(r["role"]), "main", hosts & _kinds("", r.get("when"))) for r in play.get("roles") or []]
-            todo += _references(play.get("post_tasks"), hosts)
+            todo += _references(play.get("post_tasks"), hosts, here)
     done: set[tuple[str, str, frozenset[str]]] = set()
     while todo:
         role, entry, kinds = todo.pop(0)
