@@ -26,6 +26,7 @@ from ansible.module_utils.nft_allowlist import AllowListError, normalise_network
 from ansible.module_utils.preflight.memory import BUDGET_VARIABLE, memory_budget_mib, memory_headroom_mib
 
 from rigkit.fleet.gateway import alias_of
+from rigkit.validation.rules import role_defaults, server_problems
 
 
 def _server_argv(names: Any, values: Any) -> list[str]:
@@ -36,6 +37,23 @@ def _server_argv(names: Any, values: Any) -> list[str]:
 
 def _setting_variables(_: Any = None) -> list[str]:
     return server_variables()
+
+
+# Read beside the role's own, "" when the play does not define them.
+_BESIDE = ("rig_kind", "node_exporter_port")
+
+
+def _rule_variables(_: Any = None) -> list[str]:
+    """The variables the server's rules read: the role's own (its defaults), the rig's kind and the node
+    exporter's port (its listener beside the server's)."""
+    return [*sorted(role_defaults("llama_server")), *_BESIDE]
+
+
+def _problems(names: Any, values: Any, host: str) -> list[str]:
+    """The controller's rules for the server's settings (rigkit/validation/rules.py, server_problems), on the
+    values the role runs with: ``names`` from llama_server_rule_variables, ``values`` in the same order."""
+    given = {name: value for name, value in zip(names, values, strict=True) if not (name in _BESIDE and value == "")}
+    return server_problems(str(host), given)
 
 
 def _model_alias(catalog: Any, target: Any) -> str:
@@ -117,6 +135,8 @@ class FilterModule:
             "llama_server_answer": _answer,
             "llama_server_argv": _server_argv,
             "llama_server_setting_variables": _setting_variables,
+            "llama_server_rule_variables": _rule_variables,
+            "llama_server_problems": _problems,
             "rigkit_is_loopback": is_loopback,
             "rigkit_model_alias": _model_alias,
             "rigkit_serves_tls": serves_tls,

@@ -30,7 +30,7 @@ _KIND_RE = re.compile(r"rig_kind\s*==\s*'(\w+)'")
 EntryPoint = tuple[str, str]
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """Ansible's YAML: its tags (!unsafe, !vault) read as plain values."""
 
 

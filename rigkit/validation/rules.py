@@ -419,19 +419,77 @@ def _check_image_inputs(report: Report, values: Mapping[str, Any]) -> None:
         )
 
 
-def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: Any) -> None:
+def _check_server(report: Report, values: Mapping[str, Any]) -> None:
+    """The server's own settings, each rule once: the controller's validation and the llama_server role's check on
+    the rig (server_problems, filter llama_server_problems) both run these."""
     for name in RANGES:
-        if name in values:
+        if name in values and name.startswith("llama_server_"):
             _check_range(report, name, values[name])
-    for name in GPU_LAYER_VARIABLES:
-        if name in values:
-            _check_gpu_layers(report, name, values[name])
-    _check_memory_settings(report, values)
     _check_container_limits(report, values)
     _check_ports(report, values)
     n_min, n_max = values.get("llama_server_spec_draft_n_min"), values.get("llama_server_spec_draft_n_max")
     if _is_int(n_min) and _is_int(n_max) and n_min > n_max:
         report.add("llama_server_spec_draft_n_min", n_min, f"expected at most llama_server_spec_draft_n_max ({n_max})")
+    host = values.get("llama_server_host")
+    if isinstance(host, str) and not is_loopback(host) and not values.get("llama_server_api_key"):
+        report.add(
+            "llama_server_host",
+            host,
+            "a non-loopback bind needs llama_server_api_key (ansible-vault encrypt_string --name "
+            "llama_server_api_key), or bind 127.0.0.1",
+        )
+    _check_tls(report, values)
+    _check_api_keys(report, values, ("llama_server_api_key",))
+    _check_cors(report, values.get("llama_server_cors_origins"))
+    _check_extra_args(report, values)
+
+
+class _TheRig:
+    """Where a problem found on the rig side is said to come from: the rig (the controller names the file)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+
+    def file_of(self, variable: str, value: Any = None) -> str:
+        return self.host
+
+    def raw(self, variable: str) -> Any:
+        return None
+
+
+@functools.cache
+def _server_options() -> dict[str, dict[str, Any]]:
+    return load_specs(str(rigkit.REPO / "roles"))["llama_server"]["main"]
+
+
+def server_problems(host: str, values: Mapping[str, Any]) -> list[str]:
+    """The server's rules for the llama_server role's own check, as the controller runs them: each value first
+    against the role's argument spec (types and choices), then _check_server; the controller's sentences, each
+    prefixed with the rig's name."""
+    report = Report(_TheRig(host))  # type: ignore[arg-type]
+    options, checked = _server_options(), dict(values)
+    for name, value in values.items():
+        if name not in options:
+            continue
+        converted, problem = _check_type(name, options[name], value)
+        if problem:
+            report.add(name, HIDDEN if _secret(name, options) else value, problem)
+            checked.pop(name)
+        else:
+            checked[name] = converted
+    _check_server(report, checked)
+    return report.problems
+
+
+def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: Any) -> None:
+    for name in RANGES:
+        if name in values and not name.startswith("llama_server_"):
+            _check_range(report, name, values[name])
+    for name in GPU_LAYER_VARIABLES:
+        if name in values:
+            _check_gpu_layers(report, name, values[name])
+    _check_memory_settings(report, values)
+    _check_server(report, values)
     if values.get("rig_kind") == "gpu" and "rig_gpu" in values:
         _check_rig_gpu(report, values["rig_gpu"])
     version = values.get("nvidia_driver_version")
@@ -443,22 +501,11 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
         )
     ):
         report.add("nvidia_driver_version", version, why)
-    host = values.get("llama_server_host")
-    if isinstance(host, str) and not is_loopback(host) and not values.get("llama_server_api_key"):
-        report.add(
-            "llama_server_host",
-            host,
-            "a non-loopback bind needs llama_server_api_key (ansible-vault encrypt_string --name "
-            "llama_server_api_key), or bind 127.0.0.1",
-        )
-    _check_tls(report, values)
-    _check_api_keys(report, values)
+    _check_api_keys(report, values, ("fleet_gateway_api_key",))
     for variable, value, why in node_exporter_problems(values):
         report.add(variable, HIDDEN if variable == "node_exporter_password" else value, why)
-    _check_cors(report, values.get("llama_server_cors_origins"))
     for problem in exposure_problems(values.get("docker_daemon_options")):
         report.note("docker_daemon_options", f"docker_daemon_options.{problem}")
-    _check_extra_args(report, values)
     for variable, value, why in compat_findings({**role_defaults(*COMPAT_ROLES), **values}):
         report.add(variable, value, why)
     _check_image_inputs(report, values)
@@ -547,9 +594,9 @@ def api_key_problem(variable: str, value: Any) -> str | None:
     )
 
 
-def _check_api_keys(report: Report, values: Mapping[str, Any]) -> None:
+def _check_api_keys(report: Report, values: Mapping[str, Any], variables: Iterable[str] = API_KEYS) -> None:
     """A key that is set has the one shape every key file, env file and header carries whole (empty: no key)."""
-    for variable in API_KEYS:
+    for variable in variables:
         value = values.get(variable)
         if value not in (None, "") and (why := api_key_problem(variable, value)):
             report.add(variable, HIDDEN, why)

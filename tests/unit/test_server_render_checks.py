@@ -24,9 +24,11 @@ HOSTS: dict[str, dict[str, Any]] = {
     "instance_newline": {"llama_server_instance": "main\nExecStartPre=/bin/touch /tmp/pwned"},
     "instance_path": {"llama_server_instance": "../../etc/x"},
     "host_newline": {"llama_server_host": "127.0.0.1\nLLAMA_API_KEY=known"},
-    "arg_newline": {"llama_server_extra_args": ["--alias", "x\nExecStartPost=/bin/true"]},
+    "arg_newline": {"llama_server_extra_args": ["--tags", "x\nExecStartPost=/bin/true"]},
     "dir_newline": {"llama_server_models_dir": "/var/lib/rigkit/models\nUser=root"},
     "port_text": {"llama_server_port": "8080\nX=1"},
+    "port_privileged": {"llama_server_port": 80},
+    "plain_lan": {"llama_server_api_key": KEY, "llama_server_host": "192.0.2.7", "llama_server_tls": False},
 }
 
 
@@ -78,6 +80,22 @@ def test_injection_is_refused_before_rendering(rendered: tuple[Path, dict[str, A
         "arg_newline": "argument",
         "dir_newline": "path",
         "port_text": "llama_server_port",
+        "port_privileged": "llama_server_port",
+        "plain_lan": "llama_server_tls",
     }[host]
     assert variable in message
     assert KEY not in message  # the key's value is never echoed
+
+
+def test_the_role_refuses_with_the_controllers_own_rules(rendered: tuple[Path, dict[str, Any]]) -> None:
+    """One rule, two callers: the role's check on the rig says what the controller's validation says."""
+    from rigkit.validation.rules import server_problems
+
+    _, result = rendered
+    found = failures(result)
+    for host in ("port_privileged", "plain_lan", "key_trailing_newline"):
+        expected = server_problems(
+            host, {**HOSTS[host], "llama_server_host": HOSTS[host].get("llama_server_host", "127.0.0.1")}
+        )
+        assert expected and all(problem in found[host] for problem in expected), (host, expected, found[host])
+    assert "port_privileged: llama_server_port is 80; expected 1024-65535" in found["port_privileged"]
