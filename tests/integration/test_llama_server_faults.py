@@ -136,10 +136,13 @@ def test_context_that_cannot_fit_is_refused(faults_rig, previous):
     still_serving(previous)
 
 
-def test_unknown_flag_rolls_back_with_the_servers_own_words(faults_rig, previous):
-    code, output = provision(faults_rig, "-e", '\'{"llama_server_extra_args": ["--no-such-flag"]}\'', log="fault-flag")
+def test_a_value_the_server_refuses_rolls_back_with_the_servers_own_words(faults_rig, previous):
+    """An option the pinned server knows (so the controller lets it pass; an unknown one is refused before
+    contact) with a value it refuses at start: the server's own words, and the last good unit serves again."""
+    extra = '\'{"llama_server_extra_args": ["--reasoning-format", "bogus"]}\''
+    code, output = provision(faults_rig, "-e", extra, log="fault-flag")
     assert code != 0
-    assert "--no-such-flag" in output and "last working unit was restored" in output
+    assert "Unknown reasoning format: bogus" in output and "last working unit was restored" in output
     still_serving(previous)
 
 
