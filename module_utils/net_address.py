@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from ansible.module_utils.parsing.convert_bool import boolean
+
 LOOPBACK_HOSTNAMES = ("localhost",)
 
 
@@ -52,5 +54,5 @@ def host_port(host: object, port: object) -> str:
 
 def service_url(host: object, port: object, tls: object, path: str = "") -> str:
     """The http(s) URL of a service at ``host`` and ``port`` (``tls``: a boolean or Ansible's spellings of one)."""
-    secure = str(tls).strip().lower() in (*TLS_ON, "1")
+    secure = boolean(tls, strict=False)
     return f"{'https' if secure else 'http'}://{host_port(host, port)}{path}"

@@ -8,6 +8,7 @@ table). A flag that changes memory use also needs its line in module_utils/prefl
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -142,6 +143,14 @@ MANAGED_PREFIXES = (
 )
 
 
+_FLAG_RE = re.compile(r"^--?[a-zA-Z]")
+
+
+def flag_names(extra_args: list[Any]) -> list[str]:
+    """The flags among llama-server arguments (``--flag``, ``-f``, ``--flag=value``), without their values."""
+    return [arg.split("=", 1)[0] for arg in extra_args if isinstance(arg, str) and _FLAG_RE.match(arg)]
+
+
 def _true(value: Any) -> bool:
     return boolean(value, strict=False)
 
@@ -190,11 +199,7 @@ def is_managed(flag: str, managed: set[str] | None = None) -> bool:
 def extra_args_problems(extra_args: list[Any]) -> list[str]:
     """The managed flags among llama_server_extra_args, each refused (its variable sets it instead)."""
     managed = managed_flags()
-    return [
-        str(arg).split("=", 1)[0]
-        for arg in extra_args
-        if isinstance(arg, str) and arg.startswith("-") and is_managed(arg, managed)
-    ]
+    return [flag for flag in flag_names(extra_args) if is_managed(flag, managed)]
 
 
 def status_flags() -> dict[str, str]:

@@ -135,10 +135,13 @@ def derive(root: Path) -> tuple[dict[str, tuple[EntryPoint, ...]], frozenset[str
 
 
 @functools.cache
+def _derived() -> tuple[dict[str, tuple[EntryPoint, ...]], frozenset[str]]:
+    return derive(REPO)
+
+
 def entry_points() -> dict[str, tuple[EntryPoint, ...]]:
-    return derive(REPO)[0]
+    return _derived()[0]
 
 
-@functools.cache
 def bench_only_roles() -> frozenset[str]:
-    return derive(REPO)[1]
+    return _derived()[1]

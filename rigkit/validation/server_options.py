@@ -16,6 +16,8 @@ import subprocess
 import sys
 from collections.abc import Iterable
 
+from ansible.module_utils.llama_server.settings import flag_names
+
 from rigkit import REPO
 
 OPTIONS_FILE = REPO / "rigkit/validation/llama-server-options.txt"
@@ -23,7 +25,6 @@ HEADER = "# llama-server --help at llama.cpp commit "
 # --help gives each option's names in the first 40 columns; the description starts in the 41st or on the next line.
 _NAMES_WIDTH = 40
 _NAME_RE = re.compile(r"(?:^|[\s,])(--?[a-zA-Z][a-zA-Z0-9-]*)")
-_FLAG_RE = re.compile(r"^--?[a-zA-Z]")
 
 
 def parse_help(text: str) -> list[list[str]]:
@@ -49,8 +50,7 @@ def unknown_flags(extra_args: Iterable[object], commit: str) -> list[str]:
     recorded, names = known_options()
     if commit != recorded:
         return []
-    flags = (str(arg).split("=", 1)[0] for arg in extra_args if isinstance(arg, str) and _FLAG_RE.match(arg))
-    return [flag for flag in flags if flag not in names]
+    return [flag for flag in flag_names(list(extra_args)) if flag not in names]
 
 
 def record(image: str, commit: str) -> str:
