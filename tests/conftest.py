@@ -62,7 +62,13 @@ def worker_group(nodeid: str) -> str | None:
 # lane first (the longest; its first fixture builds the llama.cpp image on a cold machine), then what never needs
 # that image (the harness, the Molecule scenarios, the models fleet) while it builds, then the lanes that need it,
 # longest first, and the unit tests last, to fill the workers' gaps at the end.
-NO_IMAGE = ("test_harness.py", "test_image_build_lock.py", "test_molecule.py", "test_models_fleet.py")
+NO_IMAGE = (
+    "test_harness.py",
+    "test_image_build_lock.py",
+    "test_molecule.py",
+    "test_models_fleet.py",
+    "test_nvidia_device_nodes.py",
+)
 LONGEST_IMAGE_LANES = ("test_llama_server_faults.py", "test_fleet.py", "test_discover.py")
 
 

@@ -2,14 +2,13 @@
 its script, rendered by the role's own templates; the CDI spec's refresh decision (the stamp: the loaded driver and
 the device nodes present); the llama-server unit's link to the device unit on GPU rigs.
 
-The script runs here against fake `nvidia-ctk` / `nvidia-modprobe` that record their calls, and a fake
-/proc/driver/nvidia/gpus laid out as the driver lays it out; the unit is checked by `systemd-analyze verify`."""
+The unit is checked by `systemd-analyze verify`; the script runs for real in a container of each release
+(tests/integration/test_nvidia_device_nodes.py)."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -33,10 +32,6 @@ INFORMATION = (
 )
 NODES = ["/dev/dri/card0", "/dev/dri/renderD128", "/dev/nvidia0", "/dev/nvidia-modeset", "/dev/nvidiactl"]
 UVM = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-FAKE_TOOL = """#!/bin/sh
-echo "$(basename "$0") $*" >> "$CALLS"
-[ ! -e "$FAIL_ON" ] || ! grep -qx -- "$(basename "$0") $*" "$FAIL_ON" || exit 3
-"""
 
 
 # --- the stamp decision -----------------------------------------------------------------------------------
@@ -89,17 +84,9 @@ def test_required_nodes_are_the_control_nodes_and_one_per_gpu() -> None:
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     work = tmp_path_factory.mktemp("nvidia-devices")
-    fake, out = work / "bin", work / "out"
-    fake.mkdir()
+    out = work / "out"
     out.mkdir()
-    for tool in ("nvidia-ctk", "nvidia-modprobe"):
-        (fake / tool).write_text(FAKE_TOOL)
-        (fake / tool).chmod(0o755)
-    extra = {
-        "out_dir": str(out),
-        "__nvidia_container_toolkit_nvidia_ctk": str(fake / "nvidia-ctk"),
-        "__nvidia_container_toolkit_nvidia_modprobe": str(fake / "nvidia-modprobe"),
-    }
+    extra = {"out_dir": str(out)}
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local"]
     cmd += ["-e", f"ansible_python_interpreter={sys.executable}", "-e", json.dumps(extra)]
     cmd.append(str(REPO / "tests/unit/playbooks/render_nvidia_devices.yml"))
@@ -149,53 +136,6 @@ def test_systemd_accepts_the_unit(rendered: tuple[Path, Path]) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert not [line for line in done.stderr.splitlines() if UNIT in line], done.stderr  # no warning either
-
-
-def gpus_dir(root: Path, minors: list[int]) -> Path:
-    gpus = root / "gpus"
-    gpus.mkdir()
-    for minor in minors:
-        (gpus / f"0000:0{minor + 1}:00.0").mkdir()
-        (gpus / f"0000:0{minor + 1}:00.0" / "information").write_text(INFORMATION.format(bus="01", minor=minor))
-    return gpus
-
-
-def run_script(out: Path, gpus: Path, tmp: Path, fail_on: str = "") -> tuple[subprocess.CompletedProcess, list[str]]:
-    calls = tmp / "calls"
-    (tmp / "fail_on").write_text(fail_on)
-    env = {"PATH": "/usr/bin:/bin", "CALLS": str(calls), "FAIL_ON": str(tmp / "fail_on") if fail_on else "/nonexistent"}
-    done = subprocess.run([str(out / "nvidia-device-nodes"), str(gpus)], env=env, capture_output=True, text=True)
-    return done, calls.read_text().splitlines() if calls.exists() else []
-
-
-def test_the_script_makes_the_control_nodes_then_one_node_per_gpu(rendered: tuple[Path, Path], tmp_path: Path) -> None:
-    _work, out = rendered
-    assert (out / "nvidia-device-nodes").stat().st_mode & stat.S_IXUSR
-    done, calls = run_script(out, gpus_dir(tmp_path, [0, 1]), tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert calls == [
-        "nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules",
-        "nvidia-modprobe -u -c 0",
-        "nvidia-modprobe -c 0",
-        "nvidia-modprobe -c 1",
-    ]
-    assert "2 GPU node(s)" in done.stdout
-
-
-def test_the_script_fails_when_the_driver_lists_no_gpu(rendered: tuple[Path, Path], tmp_path: Path) -> None:
-    _work, out = rendered
-    done, _calls = run_script(out, gpus_dir(tmp_path, []), tmp_path)
-    assert done.returncode == 1
-    assert "lists no GPU" in done.stderr and "dmesg | grep -i nvrm" in done.stderr
-
-
-def test_the_script_fails_naming_a_module_that_will_not_load(rendered: tuple[Path, Path], tmp_path: Path) -> None:
-    _work, out = rendered
-    failing = "nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules\n"
-    done, calls = run_script(out, gpus_dir(tmp_path, [0]), tmp_path, fail_on=failing)
-    assert done.returncode == 1
-    assert "could not load the NVIDIA modules" in done.stderr
-    assert calls == [failing.strip()]  # nothing after the failure
 
 
 # --- the two roles name one unit --------------------------------------------------------------------------

@@ -66,11 +66,12 @@ def test_device_script_installed(host):
     script = host.file("/usr/local/lib/rigkit/nvidia-device-nodes")
     assert script.exists and script.user == "root" and script.mode == 0o755
     text = script.content_string
-    assert "create-device-nodes --control-devices --load-kernel-modules" in text
-    assert '"$modprobe" -u -c 0' in text and '"$modprobe" -c "$minor"' in text
-    # without the tools (no toolkit here) it fails, naming what is missing, rather than doing nothing
+    assert 'modules="nvidia nvidia_uvm nvidia_modeset"' in text
+    # no driver in this container: it fails, naming the module and what to do, rather than doing nothing
     done = host.run("/usr/local/lib/rigkit/nvidia-device-nodes")
-    assert done.rc == 1 and "/usr/bin/nvidia-ctk is missing" in done.stderr
+    cause = "will not load: check 'dmesg | grep -i nvrm'" if host.exists("modprobe") else "modprobe is missing"
+    assert done.rc == 1 and done.stderr.startswith("rigkit-nvidia-devices: the nvidia module "), done.stderr
+    assert cause in done.stderr, done.stderr
 
 
 def test_toolkits_own_cdi_refresh_masked(host):
