@@ -68,6 +68,7 @@ NO_IMAGE = (
     "test_molecule.py",
     "test_models_fleet.py",
     "test_nvidia_device_nodes.py",
+    "test_docker_cdi.py",
 )
 LONGEST_IMAGE_LANES = ("test_llama_server_faults.py", "test_fleet.py", "test_discover.py")
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from ansible.module_utils.cuda_compat import (
     MINOR_COMPAT_MIN_DRIVER,
     arch_problem,
@@ -95,7 +96,7 @@ class RigCompat:
 
 
 # The roles whose defaults the rules read when the inventory does not set them.
-ROLES = ("nvidia_driver", "llamacpp_image")
+ROLES = ("nvidia_driver", "llamacpp_image", "docker", "llama_server")
 
 
 def _modules_problem(rig: RigCompat) -> str | None:
@@ -130,6 +131,69 @@ def rig_os_problem(values: Mapping[str, Any]) -> tuple[str, Any, str] | None:
     )
 
 
+# Docker runs CDI devices (--device nvidia.com/gpu=all) from 25.0 when daemon.json sets features.cdi, and by default
+# from 28.2; an engine without it stops the container with these words (read from Debian 12's docker.io 20.10 and
+# checked against the harness's engine by tests/integration/test_docker_cdi.py).
+CDI_OPT_IN = (25, 0)
+CDI_BY_DEFAULT = (28, 2)
+NO_CDI_ERROR = 'could not select device driver "cdi" with capabilities: []'
+_ENGINE_VERSION_RE = re.compile(r"^(?:\d+:)?(?P<major>\d+)\.(?P<minor>\d+)")
+
+
+def _debian_docker_versions() -> dict[str, str]:
+    """Debian's docker.io version for each release codename, as the docker role installs it."""
+    data = yaml.safe_load((REPO / "roles" / "docker" / "vars" / "Debian.yml").read_text())
+    return dict(data["__docker_debian_versions"])
+
+
+def engine_version(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(version, where it comes from) of the engine the docker role installs on this rig, or None when it depends
+    on a release the inventory does not name."""
+    if values.get("docker_source", "docker") == "docker":
+        return str(values.get("docker_version") or ""), "docker_version (Docker's own repository)"
+    rig_os = str(values.get("rig_os") or "")
+    if RIG_OS.get(rig_os, ("", ""))[0] != "debian":
+        return None
+    codename = DEBIAN_CODENAMES[RIG_OS[rig_os][1]]
+    version = _debian_docker_versions().get(codename, "")
+    return (version, f"Debian {RIG_OS[rig_os][1]}'s docker.io (docker_source: debian)") if version else None
+
+
+def cdi_engine_problem(values: Mapping[str, Any]) -> tuple[str, Any, str] | None:
+    """A rig whose server takes its GPU through CDI on an engine that cannot, with the fix; None when it can."""
+    if values.get("llama_server_gpu_access", "cdi") != "cdi":
+        return None
+    engine = engine_version(values)
+    match = _ENGINE_VERSION_RE.match(engine[0]) if engine else None
+    if engine is None or match is None:
+        return None
+    source = engine[1]
+    found = (int(match["major"]), int(match["minor"]))
+    shown = f"{found[0]}.{found[1]}"
+    stops = f"the server's container would stop with '{NO_CDI_ERROR}'"
+    if found < CDI_OPT_IN:
+        debian = values.get("docker_source") == "debian"
+        fix = "docker_source: docker (Docker's own repository)" if debian else "docker_version to 28.2 or newer"
+        variable = "docker_source" if debian else "docker_version"
+        return (
+            variable,
+            values.get(variable),
+            f"Docker {shown}, {source}, has no CDI, which llama_server_gpu_access: cdi needs: {stops}. Set {fix} "
+            "for this rig",
+        )
+    options = values.get("docker_daemon_options")
+    features = options.get("features") if isinstance(options, Mapping) else None
+    enabled = isinstance(features, Mapping) and features.get("cdi") is True
+    if found < CDI_BY_DEFAULT and not enabled:
+        return (
+            "docker_daemon_options",
+            options if options else {},
+            f"Docker {shown}, {source}, runs CDI devices only when daemon.json enables them: {stops}. Add "
+            "features: {cdi: true} to docker_daemon_options for this rig",
+        )
+    return None
+
+
 def compat_findings(values: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
     """(variable, value, why and what to do) for every combination the rig's driver, GPU and image cannot run.
     ``values``: the rig's variables over the defaults of ROLES."""
@@ -139,6 +203,8 @@ def compat_findings(values: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
     found: list[tuple[str, Any, str]] = []
     if wrong_release := rig_os_problem(values):
         found.append(wrong_release)
+    if no_cdi := cdi_engine_problem(values):
+        found.append(no_cdi)
     if rig.capability is not None:
         if why := branch_problem(rig.branch, rig.capability):
             found.append(("nvidia_driver_branch", rig.branch, why))

@@ -346,3 +346,59 @@ def test_make_plan_refuses_a_driver_pin_no_receipt_proves(tmp_path: Path):
     )
     ((_, _, why),) = unproven_pin_findings("laptop1650ti", seed_values("laptop1650ti"), tmp_path)
     assert "was made from other inputs: run make proof-nvidia-driver-dkms-debian12" in why
+
+
+# --- CDI needs an engine that runs it ------------------------------------------------------------------------
+def gpu_rig(**override: object) -> dict:
+    return {**role_defaults(*ROLES), **seed_values("desktop3050"), **override}
+
+
+@pytest.mark.parametrize(
+    ("override", "variable", "words"),
+    [
+        ({"rig_os": "debian12", "docker_source": "debian"}, "docker_source", "Docker 20.10, Debian 12's docker.io"),
+        ({"docker_version": "24.0.7"}, "docker_version", "Set docker_version to 28.2 or newer"),
+        ({"rig_os": "debian13", "docker_source": "debian"}, "docker_daemon_options", "Docker 26.1, Debian 13's"),
+        ({"docker_version": "28.1.1"}, "docker_daemon_options", "Add features: {cdi: true} to docker_daemon_options"),
+    ],
+)
+def test_an_engine_that_cannot_run_cdi_devices_is_refused(override: dict, variable: str, words: str) -> None:
+    refused = [found for found in compat_findings(gpu_rig(**override)) if found[0] == variable]
+    assert len(refused) == 1 and words in refused[0][2], refused
+    assert 'could not select device driver "cdi" with capabilities: []' in refused[0][2]
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {},  # Docker's own 28.5.2, the gpu_rigs default
+        {"docker_version": "28.2.0"},
+        {"rig_os": "debian13", "docker_source": "debian", "docker_daemon_options": {"features": {"cdi": True}}},
+        {"rig_os": "debian12", "docker_source": "debian", "llama_server_gpu_access": "none"},
+        {"docker_source": "debian"},  # no rig_os: which docker.io is not known here; the rig's run says
+    ],
+)
+def test_an_engine_that_runs_cdi_devices_or_a_rig_without_them_passes(override: dict) -> None:
+    assert not [found for found in compat_findings(gpu_rig(**override)) if found[0].startswith("docker_")]
+
+
+def test_a_debian_12_rig_on_debians_docker_is_refused_before_contact(tmp_path: Path, archive_env) -> None:
+    env, _ = archive_env
+    inventory = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory", inventory, ignore=shutil.ignore_patterns("rigs.lock.json"))
+    host_file = inventory / "host_vars" / "desktop3050.yml"
+    host_file.write_text(host_file.read_text() + "rig_os: debian12\ndocker_source: debian\n")
+    checked = run(
+        [
+            "make",
+            "--no-print-directory",
+            "check",
+            "host=desktop3050",
+            "ARGS=-e ansible_host=127.0.0.1 -e ansible_port=1",
+        ],
+        ANSIBLE_INVENTORY=str(inventory / "hosts.yml"),
+        **env,
+    )
+    assert checked.returncode != 0
+    assert 'inventory/host_vars/desktop3050.yml: docker_source is "debian"; Docker 20.10, Debian 12' in checked.output
+    assert recap(checked.output)["desktop3050"]["unreachable"] == 0  # refused before any contact
