@@ -42,7 +42,8 @@ options:
   driver_version:
     description:
       - The NVIDIA driver version the rig pins (GPU rigs). When given, every kernel under C(/boot) is read with
-        whether it has that driver's module (C(kernels)).
+        whether it has that driver's module (C(kernels)); an empty string (a rig that follows a branch, as on
+        Ubuntu) counts a module of any version, DKMS's or Ubuntu's prebuilt one.
     type: str
   proven_path:
     description:
@@ -99,7 +100,7 @@ container:
 kernels:
   description: running, newest, reboot_strands_gpu and per installed kernel whether it has the NVIDIA module.
   type: dict
-  returned: when driver_version
+  returned: when driver_version is given, empty or not
 server:
   description: What the running server reports (answers false when it does not).
   type: dict
@@ -143,7 +144,7 @@ def main() -> None:
             for spec in params["models"]
         },
     }
-    if params["driver_version"]:
+    if params["driver_version"] is not None:
         result["kernels"] = survey(params["driver_version"])
     if params["server"]:
         if not params["url"]:

@@ -32,6 +32,9 @@ SIGNING_CERTIFICATES = ("/var/lib/shim-signed/mok/MOK.der", "/var/lib/dkms/mok.p
 MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
 # Where DKMS and NVIDIA's installers put it, under /lib/modules/<kernel>/.
 MODULE_SUBDIRS = ("updates/dkms", "updates", "extra", "kernel/drivers/video")
+# Ubuntu's prebuilt, Canonical-signed modules (linux-modules-nvidia-<branch>[-server][-open]-<kernel>) link it
+# into a directory per branch: kernel/nvidia-580srv/, kernel/nvidia-570/.
+PREBUILT_SUBDIR_GLOB = "kernel/nvidia-*"
 # A kernel release, as in /boot/vmlinuz-<release> and linux-image-<release>: it starts X.Y.Z.
 _RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+")
 # Image packages that are neither a kernel flavour's metapackage nor a kernel (debug symbols, build templates).
@@ -129,11 +132,14 @@ def headers_metapackages(packages: dict[str, Any]) -> dict[str, str]:
 
 
 def module_file(release: str, modules_dir: str = MODULES_DIR) -> str | None:
-    """The NVIDIA module file installed for a kernel (None when there is none)."""
-    for subdir in MODULE_SUBDIRS:
+    """The NVIDIA module file installed for a kernel (None when there is none): DKMS's or an installer's, else
+    Ubuntu's prebuilt one."""
+    kernel = Path(modules_dir, release)
+    prebuilt = sorted(str(path.relative_to(kernel)) for path in kernel.glob(PREBUILT_SUBDIR_GLOB) if path.is_dir())
+    for subdir in (*MODULE_SUBDIRS, *prebuilt):
         for stem in MODULE_STEMS:
             for suffix in MODULE_SUFFIXES:
-                path = Path(modules_dir, release, subdir, stem + suffix)
+                path = kernel / subdir / (stem + suffix)
                 if path.is_file():
                     return str(path)
     return None

@@ -183,3 +183,45 @@ def test_missing_headers_are_looked_up_in_apt(tmp_path):
         [],
         "",
     )
+
+
+def ubuntu_rig(root, kernels: dict[str, str | None]) -> tuple[str, str]:
+    """/boot and /lib/modules as an Ubuntu rig lays them out: each kernel's image, and its NVIDIA module where
+    ``kernels`` names one (a path under /lib/modules/<kernel>/)."""
+    boot, modules = root / "boot", root / "modules"
+    boot.mkdir()
+    for release, module in kernels.items():
+        (boot / f"vmlinuz-{release}").write_text("")
+        (modules / release / "kernel").mkdir(parents=True)
+        if module:
+            (modules / release / module).parent.mkdir(parents=True, exist_ok=True)
+            (modules / release / module).write_text("")
+    return str(boot), str(modules)
+
+
+def test_ubuntus_prebuilt_module_of_a_followed_branch_counts(tmp_path):
+    """An Ubuntu rig follows a branch (nvidia_driver_version: ""): Canonical's prebuilt module
+    (linux-modules-nvidia-580-server-<kernel>, linked under kernel/nvidia-580srv/) or a DKMS one counts, whatever
+    its version; the next boot's kernel without one is marked."""
+    from ansible.module_utils.nvidia_kernels import module_file, survey
+
+    boot, modules = ubuntu_rig(
+        tmp_path,
+        {
+            "6.8.0-85-generic": "kernel/nvidia-580srv/nvidia.ko",
+            "6.8.0-87-generic": "updates/dkms/nvidia.ko.zst",
+            "6.8.0-90-generic": None,
+        },
+    )
+    assert module_file("6.8.0-85-generic", modules) == f"{modules}/6.8.0-85-generic/kernel/nvidia-580srv/nvidia.ko"
+    assert module_file("6.8.0-90-generic", modules) is None
+    found = survey("", boot_dir=boot, modules_dir=modules, running="6.8.0-85-generic")
+    assert [(k["release"], k["has_module"]) for k in found["kernels"]] == [
+        ("6.8.0-85-generic", True),
+        ("6.8.0-87-generic", True),
+        ("6.8.0-90-generic", False),
+    ]
+    assert found["reboot_strands_gpu"] and found["newest"] == "6.8.0-90-generic"
+    assert _kernel(found) == "6.8.0-85-generic nvidia yes -> 6.8.0-90-generic nvidia NO !"
+    # an exact pin counts only its own version's module (modinfo reads it; these files carry none)
+    assert not any(k["has_module"] for k in survey("580.95.05", boot_dir=boot, modules_dir=modules)["kernels"])
