@@ -247,9 +247,9 @@ def _init_problem(lines: list[str]) -> tuple[Problem | None, list[str]]:
             Problem(
                 CUDA_INIT,
                 f"CUDA could not initialise in the container ({quoted!r}). 'unknown error' usually means "
-                "/dev/nvidia-uvm is missing ('systemctl restart rigkit-nvidia-devices' on the rig creates it); 'driver version is "
-                "insufficient' means the image's CUDA is newer than the rig's driver (compare nvidia-smi's CUDA "
-                f"version with the image's); otherwise {DEVICE_HINT}",
+                "/dev/nvidia-uvm is missing ('systemctl restart rigkit-nvidia-devices' on the rig creates it); "
+                "'driver version is insufficient' means the image's CUDA is newer than the rig's driver (compare "
+                f"nvidia-smi's CUDA version with the image's); otherwise {DEVICE_HINT}",
             ),
             evidence,
         )

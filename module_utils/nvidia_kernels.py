@@ -39,10 +39,6 @@ PREBUILT_SUBDIR_GLOB = "kernel/nvidia-*"
 _RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+")
 # Image packages that are neither a kernel flavour's metapackage nor a kernel (debug symbols, build templates).
 _NOT_A_FLAVOUR_RE = re.compile(r"(-dbg|-dbgsym|-template|-unsigned)$|^(unsigned|extra|signed)-")
-# dkms status lines: DKMS 3 "name/version, kernel, arch: state", DKMS 2 "name, version, kernel, arch: state".
-_DKMS_TAIL = r"(?:, (?P<kernel>[^,\s]+), (?P<arch>[^:\s]+))?: (?P<state>.+)$"
-_DKMS3_RE = re.compile(r"^(?P<name>[^/,\s]+)/(?P<version>[^,\s]+)" + _DKMS_TAIL)
-_DKMS2_RE = re.compile(r"^(?P<name>[^,\s]+), (?P<version>[^,\s]+)" + _DKMS_TAIL)
 # What a person needs from a make.log: compiler errors and make's failure lines, not the flags (-Werror=...).
 _ERROR_RE = re.compile(r"(^|\s)(fatal )?error: |\*\*\* .*Error [0-9]|No such file or directory")
 
@@ -149,16 +145,6 @@ def modinfo_field(path: str, name: str) -> str:
     """One field of a module file's modinfo ('' when modinfo cannot read it or it has none)."""
     code, out, _ = run(["modinfo", "-F", name, path], timeout=20)
     return out.strip() if code == 0 else ""
-
-
-def parse_dkms_status(text: str) -> list[dict[str, str]]:
-    """`dkms status` as records (name, version, kernel, arch, state); lines without a kernel have ''."""
-    records = []
-    for line in text.splitlines():
-        match = _DKMS3_RE.match(line.strip()) or _DKMS2_RE.match(line.strip())
-        if match:
-            records.append({key: (value or "") for key, value in match.groupdict().items()})
-    return records
 
 
 def dkms_module_name(version: str, dkms_dir: str = DKMS_DIR) -> str | None:

@@ -7,7 +7,6 @@ import pytest
 from ansible.module_utils.nvidia_kernels import (
     headers_metapackages,
     make_log_errors,
-    parse_dkms_status,
     version_key,
 )
 
@@ -56,25 +55,6 @@ def test_kernels_sort_like_grub():
     releases = ["6.1.0-10-amd64", "6.12.33+bpo-amd64", "6.1.0-9-amd64", "6.1.0-57-amd64"]
     expected = ["6.1.0-9-amd64", "6.1.0-10-amd64", "6.1.0-57-amd64", "6.12.33+bpo-amd64"]
     assert sorted(releases, key=version_key) == expected
-
-
-@pytest.mark.parametrize(
-    ("line", "expected"),
-    [
-        (
-            "nvidia-current-open/535.261.03, 6.1.0-50-amd64, x86_64: installed",
-            ("nvidia-current-open", "535.261.03", "6.1.0-50-amd64", "installed"),
-        ),
-        ("nvidia-current-open/535.261.03: added", ("nvidia-current-open", "535.261.03", "", "added")),
-        (
-            "nvidia, 535.183.01, 6.5.0-35-generic, x86_64: installed",
-            ("nvidia", "535.183.01", "6.5.0-35-generic", "installed"),
-        ),
-    ],
-)
-def test_dkms_status_lines_of_both_dkms_generations(line, expected):
-    (record,) = parse_dkms_status(line + "\n")
-    assert (record["name"], record["version"], record["kernel"], record["state"]) == expected
 
 
 def test_make_log_errors_keep_the_lines_that_say_why():
