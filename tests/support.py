@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
 ARTIFACTS = REPO / ".artifacts"
+# A bench report as `make bench` writes it (a GPU run's, kept as input data for the readers, not as a result).
+BENCH_FIXTURES = REPO / "tests" / "fixtures" / "bench"
 
 # The controller's cache, as the kit resolves it.
 CACHE_DIR = cache_dir()

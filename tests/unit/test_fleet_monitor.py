@@ -167,11 +167,9 @@ def test_the_alert_rules_fire_when_they_should_and_only_then(tool: Path, tmp_pat
 
 def test_the_decode_rate_threshold_comes_from_the_rigs_latest_bench(tmp_path: Path):
     assert bench_decode_rate(tmp_path, "desktop3050") is None
-    from pathlib import Path as _Path
+    from tests.support import BENCH_FIXTURES
 
-    reports = _Path(__file__).resolve().parents[2] / "reports" / "bench"
-    rig = "gpu-tiny-mtp"
-    rate = bench_decode_rate(reports, rig)
+    rate = bench_decode_rate(BENCH_FIXTURES, "gpu-tiny-mtp")
     assert rate is not None and rate > 0
 
 

@@ -196,14 +196,14 @@ def test_rig_reported_text_reaches_the_terminal_escaped():
 
     from rigkit.bench.report import table_row
     from rigkit.fleet.status import COLUMNS, render
-    from tests.support import REPO
+    from tests.support import BENCH_FIXTURES
 
     hostile = "RTX\x1b]0;pwned\x07\x1b[2J"
     cells = {**dict.fromkeys(COLUMNS, ""), "rig": "r1", "reachable": "yes", "gpu": hostile}
     text = render([{"cells": cells, "raw": {"error": "boom\x1b[31m"}}], wide=True)
     assert "\x1b" not in text and "\x07" not in text
     assert "RTX\\x1b]0;pwned\\x07\\x1b[2J" in text and "boom\\x1b[31m" in text
-    report = json.loads(next(iter(sorted((REPO / "reports" / "bench").rglob("*.json")))).read_text())
+    report = json.loads(next(iter(sorted(BENCH_FIXTURES.rglob("*.json")))).read_text())
     report["rig"]["gpu"] = {"name": hostile}
     shown = "".join(str(value) for value in table_row(report).values())
     assert "\x1b" not in shown and "RTX\\x1b]0;pwned" in shown
