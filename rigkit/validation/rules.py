@@ -37,6 +37,7 @@ from rigkit.fleet.monitor import node_exporter_port
 from rigkit.inventory_files import Sources, show
 from rigkit.validation.compat import ROLES as COMPAT_ROLES
 from rigkit.validation.compat import Lookup, archive_findings, compat_findings
+from rigkit.validation.known_issues import known_issue_problems
 from rigkit.validation.server_options import OPTIONS_FILE, unknown_flags
 from rigkit.validation.variables import (
     API_KEY_RE,
@@ -507,6 +508,8 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
     for problem in exposure_problems(values.get("docker_daemon_options")):
         report.note("docker_daemon_options", f"docker_daemon_options.{problem}")
     for variable, value, why in compat_findings({**role_defaults(*COMPAT_ROLES), **values}):
+        report.add(variable, value, why)
+    for variable, value, why in known_issue_problems({**role_defaults(*COMPAT_ROLES), **values}):
         report.add(variable, value, why)
     _check_image_inputs(report, values)
     _check_models(report, rig, values, catalog)

@@ -40,6 +40,12 @@ KIT_VARIABLES: dict[str, dict[str, Any]] = {
         "against it.",
     },
     "rig_wants_cuda": {"type": "bool", "description": "Install the host CUDA toolkit (role cuda)."},
+    "rig_accepted_llamacpp_issues": {
+        "type": "list",
+        "elements": "int",
+        "description": "Known llama.cpp issues (rigkit/validation/llamacpp-known-issues.yml) this rig's owner accepts "
+        "instead of the refusal, by number, where the file says they may.",
+    },
     "rig_controller_cache_dir": {"type": "path", "description": "Controller cache (downloads, builds)."},
     "rig_expected_min_acceptance": {"type": "float", "description": "Canary acceptance the rig tests expect."},
     "rig_workload": {"type": "dict", "description": "{mix: {kind: weight}, concurrency: N} for make tune."},

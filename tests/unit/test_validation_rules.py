@@ -32,6 +32,16 @@ BASE_RIG.update(models_target="tiny-gemma4-target", models_drafter="tiny-gemma4-
 
 # (name, variables merged into the rig, [what the refusal must say]); {file} is the rig's host_vars file.
 BAD_VALUES: list[tuple[str, dict, list[str]]] = [
+    (
+        "mtp-two-slots-on-gpu",
+        {"llama_server_parallel": 2},
+        ["{file}: llama_server_parallel is 2; llama.cpp b11312 has #27572 (open upstream", "[27572]"],
+    ),
+    (
+        "build-without-gemma4-assistants",
+        {"llamacpp_image_build_number": 10745},
+        ["{file}: llamacpp_image_build_number is 10745; llama.cpp b10745 has #28188 (b10741 up to b10749"],
+    ),
     ("ctx-abc", {"llama_server_ctx_size": "abc"}, ['{file}: llama_server_ctx_size is "abc"; expected int']),
     ("ctx-negative", {"llama_server_ctx_size": -5}, ["{file}: llama_server_ctx_size is -5; expected a positive"]),
     (
