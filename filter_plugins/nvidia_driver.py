@@ -18,6 +18,7 @@ from ansible.module_utils.nvidia_compat import (
     open_modules_problem,
 )
 from ansible.module_utils.nvidia_kernels import headers_metapackages
+from ansible.module_utils.secure_boot import enrolment_steps, mok_enrolment, secure_boot_state
 
 
 def _headers_metapackages(packages: Any) -> list[str]:
@@ -54,6 +55,28 @@ def _branch_build(policy: Any, branch: Any, package: Any) -> str:
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def _secure_boot_state(result: Any) -> str:
+    """The registered result of `mokutil --sb-state` -> enforcing or off."""
+    try:
+        return secure_boot_state(str(result.get("stdout", "")), str(result.get("stderr", "")), int(result["rc"]))
+    except (ValueError, KeyError, AttributeError) as exc:
+        raise AnsibleFilterError(f"nvidia_secure_boot_state: {exc}") from exc
+
+
+def _mok_enrolment(result: Any, certificate: Any) -> str:
+    """The registered result of `mokutil --ignore-keyring --test-key CERT` -> enrolled, pending, not-enrolled or
+    blocked."""
+    try:
+        return mok_enrolment(str(result.get("stdout", "")), int(result["rc"]), str(certificate))
+    except (ValueError, KeyError, AttributeError) as exc:
+        raise AnsibleFilterError(f"nvidia_mok_enrolment: {exc}") from exc
+
+
+def _mok_steps(state: Any, certificate: Any, key: Any, host: Any) -> str:
+    """'' when the key is enrolled, else why the run stops and the owner's steps at the console."""
+    return enrolment_steps(str(state), str(certificate), str(key), str(host))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -63,4 +86,7 @@ class FilterModule:
             "nvidia_cuda_repo_key": cuda_repo_key,
             "nvidia_driver_version_problem": _driver_version_problem,
             "nvidia_branch_build": _branch_build,
+            "nvidia_secure_boot_state": _secure_boot_state,
+            "nvidia_mok_enrolment": _mok_enrolment,
+            "nvidia_mok_steps": _mok_steps,
         }

@@ -102,6 +102,12 @@ kernels:
       description: The module's signer (empty when unsigned).
       type: str
       sample: DKMS module signing key
+    srcversion:
+      description: The module's source hash; the loaded module's C(/sys/module/nvidia/srcversion) names its file.
+      type: str
+    signed:
+      description: Whether DKMS's certificate signed it (null unless O(require_signed)).
+      type: bool
     built_now:
       description: Whether this run built it.
       type: bool
@@ -127,6 +133,11 @@ headers_installed:
   type: list
   elements: str
   sample: [linux-headers-6.1.0-50-amd64]
+certificate:
+  description: The certificate DKMS signs with (null unless O(require_signed), or when DKMS has none yet).
+  returned: always
+  type: str
+  sample: /var/lib/dkms/mok.pub
 dkms_name:
   description: The DKMS name of the driver's module source.
   returned: always
@@ -178,6 +189,7 @@ def main() -> None:
                 built=built,
                 headers_installed=headers,
                 dkms_name=None,
+                certificate=None,
             )
         result = ensure_modules(
             params["version"],

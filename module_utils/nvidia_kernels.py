@@ -186,6 +186,10 @@ class KernelState:
     module_version: str = ""
     signer: str = ""
     sig_key: str = ""
+    # the module's source hash (modinfo srcversion): the loaded module's /sys/module/nvidia/srcversion names its file
+    srcversion: str = ""
+    # signed by DKMS's certificate (None when signing is not required)
+    signed: bool | None = None
     built_now: bool = False
     problems: list[str] = field(default_factory=list)
 
@@ -216,6 +220,7 @@ def kernel_state(release: str, driver_version: str, *, running: str, newest: str
             state.module = path
             state.signer = modinfo_field(path, "signer")
             state.sig_key = modinfo_field(path, "sig_key")
+            state.srcversion = modinfo_field(path, "srcversion")
     return state
 
 
@@ -312,6 +317,7 @@ class EnsureResult:
     newest: str
     built: list[str]
     dkms_name: str | None
+    certificate: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -320,6 +326,7 @@ class EnsureResult:
             "newest": self.newest,
             "built": self.built,
             "dkms_name": self.dkms_name,
+            "certificate": self.certificate,
         }
 
 
@@ -394,19 +401,25 @@ def ensure_modules(
         rebuilt.built_now = True
         states[states.index(state)] = rebuilt
         built.append(state.release)
-    if require_signed and build:
-        # read again: DKMS makes its key and certificate (/var/lib/dkms/mok.*) on the first signed build
+    certificate = None
+    if require_signed:
+        # read again: DKMS makes its key and certificate (/var/lib/dkms/mok.*) on a first signed build without one
         certificate = signing_certificate()
         identity = certificate_identity(certificate) if certificate else ("", set())
-        unsigned = [state for state in states if not signed_by(state, identity)]
-        if unsigned:
+        for state in states:
+            state.signed = signed_by(state, identity)
+        unsigned = [state for state in states if not state.signed]
+        if unsigned and build:
             found = ", ".join(
                 f"{state.release}: {state.signer or 'unsigned'} (key {state.sig_key or '-'})" for state in unsigned
             )
             raise KernelModuleError(
-                "Secure Boot signing is on (nvidia_driver_secure_boot_signing: true) but the NVIDIA module is not "
+                "Secure Boot signing is on (Secure Boot enforces it, or nvidia_driver_secure_boot_signing) but the "
+                "NVIDIA module is not "
                 f"signed by DKMS's key ({certificate or 'no certificate: /var/lib/dkms/mok.pub'}, "
                 f"CN {identity[0] or '?'}) for {found}: Secure Boot would refuse it. DKMS signs with openssl and "
                 "sign-file (linux-kbuild); check `dkms install` output for 'Signing module', then provision again."
             )
-    return EnsureResult(kernels=states, running=running, newest=newest, built=built, dkms_name=name)
+    return EnsureResult(
+        kernels=states, running=running, newest=newest, built=built, dkms_name=name, certificate=certificate
+    )

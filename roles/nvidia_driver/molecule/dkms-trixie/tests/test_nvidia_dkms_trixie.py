@@ -60,7 +60,8 @@ def test_every_kernel_has_the_pinned_proprietary_module(host, scenario, driver):
 
 
 def test_every_module_is_signed_by_dkms_key(host, scenario):
-    """nvidia_driver_secure_boot_signing: true: DKMS 3.2 signs with the key it made under /var/lib/dkms."""
+    """nvidia_driver_secure_boot_signing: true: signed with DKMS's key (/var/lib/dkms/mok.pub), which the role
+    made before the driver was installed (tasks/signing-key.yml), by DKMS's own recipe."""
     cert = "openssl x509 -inform DER -in /var/lib/dkms/mok.pub -noout"
     ids = {
         hex_id(host.check_output(f"{cert} -serial").split("=", 1)[1]),
@@ -103,3 +104,12 @@ def test_the_guard_verdict_is_ok_for_the_newest_kernel(host, scenario):
         line.split("=", 1) for line in host.file("/var/lib/rigkit/nvidia-kernel-guard").content_string.splitlines()
     )
     assert state["verdict"] == "ok" and state["newest"] == scenario["dkms_scenario_newest_kernel"], state
+
+
+def test_dkms_found_the_key_the_role_made_before_the_driver_came(host):
+    """The key is older than the driver's DKMS package: DKMS, which makes one on a first signed build without it,
+    signed with the role's (whose certificate the owner can enrol before the first reboot)."""
+    made = int(host.check_output("stat -c %Y /var/lib/dkms/mok.pub"))
+    installed = int(host.check_output("stat -c %Y /var/lib/dpkg/info/nvidia-kernel-dkms.list"))
+    assert made < installed, (made, installed)
+    assert host.file("/var/lib/dkms/mok.key").mode == 0o600

@@ -50,7 +50,8 @@ def hex_id(text: str) -> str:
 
 
 def test_every_module_is_signed_by_dkms_key(host, scenario):
-    """nvidia_driver_secure_boot_signing: true: signed by the key DKMS made (/var/lib/dkms/mok.pub)."""
+    """nvidia_driver_secure_boot_signing: true: signed with DKMS's key (/var/lib/dkms/mok.pub), which the role
+    made before the driver was installed (tasks/signing-key.yml), by DKMS's own recipe."""
     cert = "openssl x509 -inform DER -in /var/lib/dkms/mok.pub -noout"
     assert host.check_output(f"{cert} -subject -nameopt RFC2253") == "subject=CN=DKMS module signing key"
     # sign-file names the signer by the certificate's serial (or, with -k, its subject key identifier)
@@ -131,3 +132,12 @@ def test_the_last_verdict_is_ok_and_nothing_pins_grub(host, scenario):
 
 def test_the_module_packages_are_held(host):
     assert host.check_output("dpkg-query -W -f='${db:Status-Want}' nvidia-kernel-dkms") == "hold"
+
+
+def test_dkms_found_the_key_the_role_made_before_the_driver_came(host):
+    """The key is older than the driver's DKMS package: DKMS, which makes one on a first signed build without it,
+    signed with the role's (whose certificate the owner can enrol before the first reboot)."""
+    made = int(host.check_output("stat -c %Y /var/lib/dkms/mok.pub"))
+    installed = int(host.check_output("stat -c %Y /var/lib/dpkg/info/nvidia-kernel-dkms.list"))
+    assert made < installed, (made, installed)
+    assert host.file("/var/lib/dkms/mok.key").mode == 0o600
