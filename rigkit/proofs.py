@@ -131,6 +131,9 @@ def _molecule_proof(
         summary=f"{summary} (roles/{role}/molecule/{scenario})",
         steps=(
             HARNESS,
+            # --destroy never skips test's own first destroy too: a proof stopped half-way would leave Molecule
+            # believing its instance is there
+            Step(("molecule", "destroy", "--scenario-name", scenario), f"roles/{role}"),
             Step(("molecule", "test", "--scenario-name", scenario, "--destroy", "never"), f"roles/{role}"),
         ),
         readback=Step(("docker", "exec", container, *readback)),
