@@ -137,7 +137,7 @@ def rig_os_problem(values: Mapping[str, Any]) -> tuple[str, Any, str] | None:
 CDI_OPT_IN = (25, 0)
 CDI_BY_DEFAULT = (28, 2)
 NO_CDI_ERROR = 'could not select device driver "cdi" with capabilities: []'
-_ENGINE_VERSION_RE = re.compile(r"^(?:\d+:)?(?P<major>\d+)\.(?P<minor>\d+)")
+_ENGINE_VERSION_RE = re.compile(r"^(?:[0-9]+:)?(?P<major>[0-9]+)\.(?P<minor>[0-9]+)")
 
 
 def _debian_docker_versions() -> dict[str, str]:
