@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from ansible.module_utils.cuda_compat import (
     MINOR_COMPAT_MIN_DRIVER,
     arch_problem,
@@ -140,12 +139,6 @@ NO_CDI_ERROR = 'could not select device driver "cdi" with capabilities: []'
 _ENGINE_VERSION_RE = re.compile(r"^(?:[0-9]+:)?(?P<major>[0-9]+)\.(?P<minor>[0-9]+)")
 
 
-def _debian_docker_versions() -> dict[str, str]:
-    """Debian's docker.io version for each release codename, as the docker role installs it."""
-    data = yaml.safe_load((REPO / "roles" / "docker" / "vars" / "Debian.yml").read_text())
-    return dict(data["__docker_debian_versions"])
-
-
 def engine_version(values: Mapping[str, Any]) -> tuple[str, str] | None:
     """(version, where it comes from) of the engine the docker role installs on this rig, or None when it depends
     on a release the inventory does not name."""
@@ -155,7 +148,7 @@ def engine_version(values: Mapping[str, Any]) -> tuple[str, str] | None:
     if RIG_OS.get(rig_os, ("", ""))[0] != "debian":
         return None
     codename = DEBIAN_CODENAMES[RIG_OS[rig_os][1]]
-    version = _debian_docker_versions().get(codename, "")
+    version = str(_role_vars(REPO, "Debian", role="docker")["__docker_debian_versions"].get(codename, ""))
     return (version, f"Debian {RIG_OS[rig_os][1]}'s docker.io (docker_source: debian)") if version else None
 
 
@@ -298,10 +291,11 @@ class Source:
     components: tuple[str, ...]
 
 
-def _role_vars(root: Path, name: str) -> dict[str, Any]:
+def _role_vars(root: Path, name: str, role: str = "nvidia_driver") -> dict[str, Any]:
+    """A role's vars/NAME.yml, as Ansible loads it (templates kept as text)."""
     from ansible.parsing.dataloader import DataLoader
 
-    path = root / "roles" / "nvidia_driver" / "vars" / f"{name}.yml"
+    path = root / "roles" / role / "vars" / f"{name}.yml"
     return DataLoader().load_from_file(str(path), trusted_as_template=True) or {}
 
 
