@@ -507,9 +507,8 @@ def _check_rules(report: Report, rig: str, values: Mapping[str, Any], catalog: A
         report.add(variable, HIDDEN if variable == "node_exporter_password" else value, why)
     for problem in exposure_problems(values.get("docker_daemon_options")):
         report.note("docker_daemon_options", f"docker_daemon_options.{problem}")
-    for variable, value, why in compat_findings({**role_defaults(*COMPAT_ROLES), **values}):
-        report.add(variable, value, why)
-    for variable, value, why in known_issue_problems({**role_defaults(*COMPAT_ROLES), **values}):
+    with_defaults = {**role_defaults(*COMPAT_ROLES), **values}
+    for variable, value, why in [*compat_findings(with_defaults), *known_issue_problems(with_defaults)]:
         report.add(variable, value, why)
     _check_image_inputs(report, values)
     _check_models(report, rig, values, catalog)
